@@ -1,0 +1,79 @@
+"""The `agentrl` command. Each subcommand has --help; more arrive with later parts of the toolkit."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+CLUSTER_SCRIPT = Path(__file__).resolve().parents[1] / "slurm" / "local-cluster" / "cluster.sh"
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    if not CLUSTER_SCRIPT.exists():
+        print(f"agentrl cluster needs a source checkout of agentrl-hpc ({CLUSTER_SCRIPT} is missing)",
+              file=sys.stderr)
+        return 2
+    return subprocess.call(["bash", str(CLUSTER_SCRIPT), args.action])
+
+
+def _ledger_status(args: argparse.Namespace) -> int:
+    from hpc.ledger import Ledger, LedgerError
+    from hpc.records import RecordError
+
+    root = Path(args.path)
+    if (root / "run.yaml").exists():
+        root = root / "ledger"
+    if not (root / "ledger.json").exists():
+        print(f"{root} holds no ledger (no ledger.json): pass a run directory or its ledger/", file=sys.stderr)
+        return 2
+    try:
+        led = Ledger(root)
+        rows = [asdict(led.status(r)) for r in led.rollouts()]
+    except (LedgerError, RecordError) as e:
+        print(e, file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"{'rollout':>7} {'gen':>4} {'closed':>6} {'total':>6} {'done':>6} {'claimed':>7} "
+          f"{'pending':>7} {'failed':>6}  complete groups")
+    for r in rows:
+        print(f"{r['rollout_id']:>7} {r['generation']:>4} {str(r['closed']):>6} {r['total']:>6} "
+              f"{r['committed']:>6} {r['claimed']:>7} {r['pending']:>7} {r['failed']:>6}  "
+              f"{len(r['complete_groups'])}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="agentrl", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("cluster", help="a real Slurm cluster on this machine, for tests and trials",
+                       description="munge + slurmctld + slurmd for nodes gpu1 (4 GPUs), cpu1, cpu2. "
+                                   "State lives in $AGENTRL_CLUSTER_DIR "
+                                   "(default ~/.local/state/agentrl/local-cluster).")
+    c.add_argument("action", choices=["up", "down", "status", "env"],
+                   help="up: start and wait for idle nodes (idempotent); down: stop what up started; "
+                        "status: daemons and sinfo; env: the SLURM_CONF export line")
+    c.set_defaults(func=_cluster)
+
+    led = sub.add_parser("ledger", help="inspect a run's rollout ledger")
+    led_sub = led.add_subparsers(dest="ledger_command", required=True)
+    st = led_sub.add_parser("status", help="progress of every rollout in the ledger")
+    st.add_argument("path", help="a run directory, or its ledger/ directory")
+    st.add_argument("--json", action="store_true", help="print one JSON list instead of a table")
+    st.set_defaults(func=_ledger_status)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""The process's place in the cluster, read from the environment in one place.
+
+Everything else asks `Writer.current()` (who is writing this record) or
+`SlurmEnv.from_environ()`; nothing deeper in the code reads os.environ for Slurm.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict
+
+
+class SlurmEnv(BaseModel):
+    """The Slurm ids of this process, None outside a job."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job_id: str | None = None
+    step_id: str | None = None
+    proc_id: int | None = None
+    node: str | None = None
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> SlurmEnv:
+        env = os.environ if environ is None else environ
+        # A het job component reports its own id as SLURM_JOB_ID; the pack leader's is what users see.
+        job = env.get("SLURM_HET_JOB_ID") or env.get("SLURM_JOB_ID")
+        proc = env.get("SLURM_PROCID")
+        return cls(
+            job_id=job,
+            step_id=env.get("SLURM_STEP_ID"),
+            proc_id=int(proc) if proc and proc.isdigit() else None,
+            node=env.get("SLURMD_NODENAME"),
+        )
+
+
+class Writer(BaseModel):
+    """Who wrote a record: every record on the shared filesystem names its writer."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str
+    pid: int
+    slurm: SlurmEnv = SlurmEnv()
+
+    @classmethod
+    def current(cls) -> Writer:
+        global _current
+        # Cached per pid: a forked child is another writer.
+        if _current is None or _current.pid != os.getpid():
+            _current = cls(host=socket.gethostname(), pid=os.getpid(), slurm=SlurmEnv.from_environ())
+        return _current
+
+
+_current: Writer | None = None

@@ -1,0 +1,428 @@
+"""The rollout ledger: which (rollout, group, attempt) is claimed by whom, done, failed.
+
+Correct on NFS by construction: every fact is its own small file, created once
+by link(2) (atomic and exclusive on every POSIX shared filesystem, unlike flock
+or O_APPEND), so no two writers ever touch the same file and no lock is held.
+
+    ledger/
+      ledger.json                   layout version
+      generations/<n>               one file per generation handed out (fencing tokens)
+      open/<rollout>-g<gen>         index of rollouts that may hand out claims
+      rollouts/<rollout>/g<gen>/    one directory per opening of a rollout
+        spec.json                   groups, attempts, max_tries
+        closed                      present once the rollout is closed
+        claims/<group>-<attempt>-<try>    mtime = lease deadline, renewed by heartbeat
+        fails/<group>-<attempt>-<try>     that try gave up
+        commits/<group>-<attempt>         the result (ref), never replaced
+
+The newest g<gen> of a rollout is its current generation; anything written
+under an older one is dropped. State logic lives in hpc.ledger_state.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import socket
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from .fsio import fsync_dir, probe_links, temp_path
+from .ledger_state import Key, Observation, Spec, TryKey, needs_deadline, summarize
+from .records import Record, create_record, read_record, write_record
+
+LAYOUT_VERSION = 1
+DEFAULT_MAX_TRIES = 3
+_WORKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+_GEN_DIR = re.compile(r"^g(\d+)$")
+
+
+class LedgerError(Exception):
+    """The ledger cannot be used as asked (bad input, unusable filesystem)."""
+
+
+class StaleGeneration(Exception):
+    """The claim belongs to a generation that a newer opening of its rollout superseded."""
+
+
+class LeaseLost(StaleGeneration):
+    """The claim's lease expired and another worker took the attempt over (or it was failed)."""
+
+
+# -- records ------------------------------------------------------------------
+
+class LedgerManifest(Record):
+    kind: Literal["ledger"] = "ledger"
+    layout: int = LAYOUT_VERSION
+
+
+class GenerationRecord(Record):
+    kind: Literal["generation"] = "generation"
+    generation: int
+    rollout_id: int
+
+
+class RolloutSpec(Record):
+    kind: Literal["rollout"] = "rollout"
+    rollout_id: int
+    generation: int
+    groups: list[int]
+    attempts: int
+    max_tries: int
+    opened: float
+
+
+class _AttemptRecord(Record):
+    rollout_id: int
+    generation: int
+    group: int
+    attempt: int
+    try_index: int
+    worker_id: str
+
+
+class ClaimRecord(_AttemptRecord):
+    kind: Literal["claim"] = "claim"
+    lease_s: float
+
+
+class FailRecord(_AttemptRecord):
+    kind: Literal["fail"] = "fail"
+    reason: str
+
+
+class CommitRecord(_AttemptRecord):
+    kind: Literal["commit"] = "commit"
+    ref: str
+    committed: float
+
+
+class ClosedRecord(Record):
+    kind: Literal["closed"] = "closed"
+    rollout_id: int
+    generation: int
+
+
+# -- public values -----------------------------------------------------------
+
+@dataclass(frozen=True)
+class Claim:
+    rollout_id: int
+    group: int
+    attempt: int
+    generation: int
+    try_index: int = 0
+    worker_id: str = ""
+    lease_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class RolloutStatus:
+    rollout_id: int
+    generation: int
+    closed: bool
+    total: int
+    committed: int
+    claimed: int
+    pending: int
+    failed: int
+    complete_groups: list[int]
+
+
+def _parse_names(names: list[str], n: int) -> list[tuple[int, ...]]:
+    """Keys from record names like "3-0-1"; skips temp files (".name.tmp-...") and strangers."""
+    out = []
+    for name in names:
+        parts = name.split("-")
+        if len(parts) == n and name[0] != "." and all(p.isdigit() for p in parts):
+            out.append(tuple(map(int, parts)))
+    return out
+
+
+def _check_index(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise LedgerError(f"{name} must be a non-negative integer, got {value!r}")
+    return value
+
+
+class Ledger:
+    """A rollout ledger rooted at `root` (RUN/ledger). Safe to use from many hosts at once."""
+
+    def __init__(self, root: Path | str, *, clock: Callable[[], float] = time.time,
+                 seed: int | None = None):
+        self.root = Path(root).absolute()
+        self._clock = clock
+        self._rng = random.Random(seed)
+        self._specs: dict[Path, RolloutSpec] = {}
+        self._candidates: dict[Path, list[TryKey]] = {}
+        self._temp_dirs: dict[int, Path] = {}
+        for sub in ("generations", "open", "rollouts", "tmp"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        try:
+            probe_links(self.root)
+        except OSError as e:
+            raise LedgerError(
+                f"{self.root}: this filesystem cannot create files exclusively with link(2) ({e}); "
+                "the ledger needs it to stay correct across hosts. Put the run directory on a "
+                "POSIX shared filesystem (NFSv3+, Lustre, GPFS, BeeGFS) or a local disk.") from None
+        manifest = self.root / "ledger.json"
+        if not manifest.exists():
+            create_record(manifest, LedgerManifest())
+        found = read_record(manifest, LedgerManifest)
+        if found.layout != LAYOUT_VERSION:
+            raise LedgerError(f"{manifest}: ledger layout {found.layout}, this agentrl-hpc reads "
+                              f"{LAYOUT_VERSION}; use the agentrl-hpc version that wrote it")
+
+    # -- paths -----------------------------------------------------------------
+    def _temp_dir(self) -> Path:
+        """This process's own directory for temp files (per pid: a forked child is another writer)."""
+        pid = os.getpid()
+        if pid not in self._temp_dirs:
+            d = self.root / "tmp" / f"{socket.gethostname()}-{pid}"
+            d.mkdir(exist_ok=True)
+            self._temp_dirs[pid] = d
+        return self._temp_dirs[pid]
+
+    def _rollout_dir(self, rollout_id: int) -> Path:
+        return self.root / "rollouts" / str(rollout_id)
+
+    def _gen_dir(self, rollout_id: int, generation: int) -> Path:
+        return self._rollout_dir(rollout_id) / f"g{generation}"
+
+    def current_generation(self, rollout_id: int) -> int | None:
+        try:
+            names = os.listdir(self._rollout_dir(rollout_id))
+        except FileNotFoundError:
+            return None
+        gens = [int(m.group(1)) for m in map(_GEN_DIR.match, names) if m]
+        return max(gens) if gens else None
+
+    def _require_current(self, c: Claim) -> Path:
+        if self.current_generation(c.rollout_id) != c.generation:
+            raise StaleGeneration(
+                f"rollout {c.rollout_id} generation {c.generation} was superseded; drop this work")
+        return self._gen_dir(c.rollout_id, c.generation)
+
+    def _spec(self, gen_dir: Path) -> RolloutSpec:
+        spec = self._specs.get(gen_dir)
+        if spec is None:
+            spec = self._specs[gen_dir] = read_record(gen_dir / "spec.json", RolloutSpec)
+        return spec
+
+    # -- trainer side ----------------------------------------------------------
+    def open_rollout(self, rollout_id: int, groups: Sequence[int], attempts: int,
+                     max_tries: int = DEFAULT_MAX_TRIES) -> int:
+        """Open (or reopen) a rollout; returns its new generation, newer than any before."""
+        _check_index("rollout_id", rollout_id)
+        groups = [_check_index("group index", g) for g in groups]
+        if not groups or len(set(groups)) != len(groups):
+            raise LedgerError(f"groups must be a non-empty list of distinct indices, got {groups!r}")
+        if _check_index("attempts", attempts) < 1 or _check_index("max_tries", max_tries) < 1:
+            raise LedgerError("attempts and max_tries must be at least 1")
+        gen = self._allocate_generation(rollout_id)
+        rdir = self._rollout_dir(rollout_id)
+        rdir.mkdir(parents=True, exist_ok=True)
+        # Build the generation directory aside and rename it in, so it appears complete.
+        tmp = temp_path(rdir / f"g{gen}")
+        for sub in ("claims", "fails", "commits"):
+            (tmp / sub).mkdir(parents=True)
+        write_record(tmp / "spec.json", RolloutSpec(
+            rollout_id=rollout_id, generation=gen, groups=groups, attempts=attempts,
+            max_tries=max_tries, opened=self._clock()))
+        os.rename(tmp, rdir / f"g{gen}")
+        fsync_dir(rdir)
+        create_record(self.root / "open" / f"{rollout_id}-g{gen}", GenerationRecord(
+            generation=gen, rollout_id=rollout_id))
+        self._drop_open_markers(rollout_id, below=gen)
+        return gen
+
+    def _allocate_generation(self, rollout_id: int) -> int:
+        gdir = self.root / "generations"
+        while True:
+            taken = [int(n) for n in os.listdir(gdir) if n.isdigit()]
+            gen = max(taken, default=0) + 1
+            if create_record(gdir / str(gen), GenerationRecord(generation=gen, rollout_id=rollout_id)):
+                return gen
+
+    def _drop_open_markers(self, rollout_id: int, below: int) -> None:
+        for rid, gen in self._open_markers():
+            if rid == rollout_id and gen < below:
+                try:
+                    os.unlink(self.root / "open" / f"{rid}-g{gen}")
+                except FileNotFoundError:
+                    pass
+
+    def _open_markers(self) -> list[tuple[int, int]]:
+        out = []
+        for name in os.listdir(self.root / "open"):
+            rid, _, gen = name.partition("-g")
+            if rid.isdigit() and gen.isdigit():
+                out.append((int(rid), int(gen)))
+        return out
+
+    def close_rollout(self, rollout_id: int) -> None:
+        """Stop handing out claims for the rollout; claims in flight may still commit."""
+        gen = self.current_generation(rollout_id)
+        if gen is None:
+            raise LedgerError(f"rollout {rollout_id} was never opened in {self.root}")
+        create_record(self._gen_dir(rollout_id, gen) / "closed",
+                      ClosedRecord(rollout_id=rollout_id, generation=gen))
+        self._drop_open_markers(rollout_id, below=gen + 1)
+
+    # -- worker side -------------------------------------------------------------
+    def claim(self, worker_id: str, lease_s: float = 60.0,
+              rollout_id: int | None = None) -> Claim | None:
+        """Claim one attempt of an open rollout (the oldest first), or None if none is claimable."""
+        if not _WORKER_ID.match(worker_id or ""):
+            raise LedgerError(f"worker_id {worker_id!r}: use letters, digits and . _ : @ - (at most 128)")
+        if not lease_s > 0:
+            raise LedgerError(f"lease_s must be positive, got {lease_s!r}")
+        newest: dict[int, int] = {}
+        for rid, gen in self._open_markers():
+            if rollout_id is None or rid == rollout_id:
+                newest[rid] = max(gen, newest.get(rid, gen))
+        for rid in sorted(newest):
+            gen_dir = self._gen_dir(rid, newest[rid])
+            if (gen_dir / "closed").exists() or not gen_dir.is_dir():
+                continue
+            c = self._claim_in(gen_dir, self._spec(gen_dir), worker_id, lease_s)
+            if c is not None:
+                return c
+        return None
+
+    def _claim_in(self, gen_dir: Path, spec: RolloutSpec, worker_id: str,
+                  lease_s: float) -> Claim | None:
+        # Each worker walks its own shuffled list of candidates, skipping with one
+        # stat those taken since it listed them, and lists the directory again only
+        # when its list runs dry: amortized, a claim costs O(1) file operations.
+        for cands in (self._candidates.pop(gen_dir, []), None):
+            if cands is None:
+                cands = self._relist(gen_dir, spec)
+            while cands:
+                g, a, t = cands.pop()
+                path = gen_dir / "claims" / f"{g}-{a}-{t}"
+                if os.path.lexists(path):
+                    continue
+                record = ClaimRecord(rollout_id=spec.rollout_id, generation=spec.generation, group=g,
+                                     attempt=a, try_index=t, worker_id=worker_id, lease_s=lease_s)
+                # No fsync: a claim lost in a crash only looks like an expired lease.
+                if not create_record(path, record, fsync=False, mtime=self._clock() + lease_s,
+                                     temp_dir=self._temp_dir()):
+                    continue
+                if (gen_dir / "closed").exists():
+                    os.unlink(path)  # closed while we claimed: hand nothing out
+                    return None
+                if (gen_dir / "commits" / f"{g}-{a}").exists():
+                    continue  # an earlier try, presumed dead, committed after all
+                self._candidates[gen_dir] = cands
+                return Claim(spec.rollout_id, g, a, spec.generation, t, worker_id, lease_s)
+        return None
+
+    def _observe(self, gen_dir: Path) -> Observation:
+        d = str(gen_dir)
+        commit_names = set(os.listdir(d + "/commits"))
+        # Claims of committed attempts decide nothing: drop them before parsing.
+        open_claims = [n for n in os.listdir(d + "/claims") if n.rpartition("-")[0] not in commit_names]
+        tries = _parse_names(open_claims, 3)
+        fails = _parse_names(os.listdir(d + "/fails"), 3)
+        commits = _parse_names(list(commit_names), 2)
+        obs = Observation.from_tries(tries, {}, fails, commits)
+        deadlines = {}
+        for key in obs.newest_try:
+            tk = needs_deadline(key, obs)
+            if tk is not None:
+                try:
+                    deadlines[tk] = os.stat(f"{d}/claims/{tk[0]}-{tk[1]}-{tk[2]}").st_mtime
+                except FileNotFoundError:
+                    pass  # released by a close: counts as ended
+        return Observation(obs.newest_try, deadlines, obs.fails, obs.commits)
+
+    def _relist(self, gen_dir: Path, spec: RolloutSpec) -> list[TryKey]:
+        from .ledger_state import claimable
+        cands = claimable(self._state_spec(spec), self._observe(gen_dir), self._clock())
+        self._rng.shuffle(cands)
+        return cands
+
+    @staticmethod
+    def _state_spec(spec: RolloutSpec) -> Spec:
+        return Spec(tuple(spec.groups), spec.attempts, spec.max_tries)
+
+    def _attempt_path(self, c: Claim, sub: str, try_index: int | None = None) -> Path:
+        gen_dir = self._gen_dir(c.rollout_id, c.generation)
+        if sub == "commits":
+            return gen_dir / sub / f"{c.group}-{c.attempt}"
+        t = c.try_index if try_index is None else try_index
+        return gen_dir / sub / f"{c.group}-{c.attempt}-{t}"
+
+    def heartbeat(self, c: Claim) -> None:
+        """Renew the claim's lease. StaleGeneration if superseded, LeaseLost if taken over."""
+        self._require_current(c)
+        if (self._attempt_path(c, "claims", c.try_index + 1).exists()
+                or self._attempt_path(c, "fails").exists()):
+            raise LeaseLost(f"{c}: the attempt was taken over by a newer try; drop this work")
+        path = self._attempt_path(c, "claims")
+        now = self._clock()
+        try:
+            # An expired lease stays expired: others may already count on it being free.
+            if os.stat(path).st_mtime <= now:
+                raise LeaseLost(f"{c}: the lease expired before this heartbeat; drop this work")
+            os.utime(path, (now + c.lease_s, now + c.lease_s))
+        except FileNotFoundError:
+            raise LeaseLost(f"{c}: the claim is gone (its rollout was closed); drop this work") from None
+
+    def commit(self, c: Claim, ref: str) -> bool:
+        """Record the attempt's result. Idempotent: True if the recorded commit is this claim's.
+
+        Raises StaleGeneration if the claim's generation was superseded (before or
+        during the commit); such a commit is never read.
+        """
+        self._require_current(c)
+        record = CommitRecord(rollout_id=c.rollout_id, generation=c.generation, group=c.group,
+                              attempt=c.attempt, try_index=c.try_index, worker_id=c.worker_id,
+                              ref=ref, committed=self._clock())
+        path = self._attempt_path(c, "commits")
+        made = create_record(path, record, temp_dir=self._temp_dir())
+        if not made:
+            found = read_record(path, CommitRecord)
+            made = (found.try_index, found.worker_id) == (c.try_index, c.worker_id)
+        self._require_current(c)
+        return made
+
+    def fail(self, c: Claim, reason: str) -> None:
+        """Give the attempt back: another try follows unless this was the last one."""
+        create_record(self._attempt_path(c, "fails"), FailRecord(
+            rollout_id=c.rollout_id, generation=c.generation, group=c.group, attempt=c.attempt,
+            try_index=c.try_index, worker_id=c.worker_id, reason=reason[:2000]), fsync=False,
+            temp_dir=self._temp_dir())
+
+    # -- reading -------------------------------------------------------------------
+    def rollouts(self) -> list[int]:
+        return sorted(int(n) for n in os.listdir(self.root / "rollouts") if n.isdigit())
+
+    def _current_dir(self, rollout_id: int) -> tuple[int, Path]:
+        gen = self.current_generation(rollout_id)
+        if gen is None:
+            raise LedgerError(f"rollout {rollout_id} was never opened in {self.root}")
+        return gen, self._gen_dir(rollout_id, gen)
+
+    def status(self, rollout_id: int) -> RolloutStatus:
+        gen, gen_dir = self._current_dir(rollout_id)
+        spec = self._spec(gen_dir)
+        counts = summarize(self._state_spec(spec), self._observe(gen_dir), self._clock())
+        return RolloutStatus(rollout_id, gen, (gen_dir / "closed").exists(),
+                             len(spec.groups) * spec.attempts, counts.committed, counts.claimed,
+                             counts.pending, counts.failed, counts.complete_groups)
+
+    def commits(self, rollout_id: int, groups: Iterable[int] | None = None) -> dict[Key, CommitRecord]:
+        """The commit records of the rollout's current generation (optionally of some groups)."""
+        gen, gen_dir = self._current_dir(rollout_id)
+        wanted = None if groups is None else set(groups)
+        out = {}
+        for g, a in _parse_names(os.listdir(gen_dir / "commits"), 2):
+            if wanted is None or g in wanted:
+                out[(g, a)] = read_record(gen_dir / "commits" / f"{g}-{a}", CommitRecord)
+        return out

@@ -1,0 +1,143 @@
+"""The run directory on the shared filesystem: its paths and its manifest.
+
+    RUN/
+      run.yaml                  resolved config, written once
+      services/<role>-<i>.json  service registry (hpc.registry)
+      ledger/                   rollout ledger (hpc.ledger)
+      buffer/rollout_<id>/      sample shards (hpc.buffer)
+      checkpoints/iter_<n>/     trainer state; checkpoints/latest names the newest complete one
+      eval/iter_<n>/            per-checkpoint eval results
+      trajectories/  metrics.jsonl  logs/
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from .fsio import write_atomic
+from .records import Record, RecordError, create_record, read_record
+
+
+class RunDirError(Exception):
+    """The directory is not the run directory the caller asked for."""
+
+
+class RunManifest(Record):
+    kind: Literal["run"] = "run"
+    schema_version: int = 1
+    run_id: str
+    created: float
+    config: dict[str, Any] = {}
+
+
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def _check_run_id(run_id: str) -> str:
+    if not _RUN_ID.match(run_id):
+        raise ValueError(f"run id {run_id!r}: use letters, digits, '.', '_' or '-' "
+                         "(at most 128, not starting with a symbol)")
+    return run_id
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    root: Path
+
+    # -- paths ---------------------------------------------------------------
+    @property
+    def manifest_path(self) -> Path:
+        return self.root / "run.yaml"
+
+    @property
+    def services_dir(self) -> Path:
+        return self.root / "services"
+
+    @property
+    def ledger_dir(self) -> Path:
+        return self.root / "ledger"
+
+    @property
+    def buffer_dir(self) -> Path:
+        return self.root / "buffer"
+
+    def rollout_buffer_dir(self, rollout_id: int) -> Path:
+        return self.buffer_dir / f"rollout_{rollout_id}"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.root / "checkpoints"
+
+    def checkpoint_dir(self, iteration: int) -> Path:
+        return self.checkpoints_dir / f"iter_{iteration}"
+
+    def eval_dir(self, iteration: int) -> Path:
+        return self.root / "eval" / f"iter_{iteration}"
+
+    @property
+    def trajectories_dir(self) -> Path:
+        return self.root / "trajectories"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.root / "logs"
+
+    # -- lifecycle -----------------------------------------------------------
+    @classmethod
+    def create(cls, root: Path | str, config: dict[str, Any] | None = None,
+               run_id: str | None = None) -> RunLayout:
+        """Make a new run directory, or reopen it if it already holds `run_id`."""
+        layout = cls(Path(root).absolute())
+        run_id = _check_run_id(run_id or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}")
+        layout.root.mkdir(parents=True, exist_ok=True)
+        manifest = RunManifest(run_id=run_id, created=time.time(), config=config or {})
+        # Written once: link(2) refuses to replace a manifest another process wrote first.
+        if not create_record(layout.manifest_path, manifest):
+            return cls.open(layout.root, run_id=run_id)
+        for d in (layout.services_dir, layout.ledger_dir, layout.buffer_dir, layout.checkpoints_dir,
+                  layout.trajectories_dir, layout.logs_dir):
+            d.mkdir(exist_ok=True)
+        return layout
+
+    @classmethod
+    def open(cls, root: Path | str, run_id: str | None = None) -> RunLayout:
+        """Open an existing run directory; with `run_id`, refuse one that holds another run."""
+        layout = cls(Path(root).absolute())
+        if not layout.manifest_path.exists():
+            raise RunDirError(f"{layout.root} is not a run directory (no run.yaml); "
+                              "create one with RunLayout.create() or `agentrl launch`")
+        found = layout.manifest().run_id
+        if run_id is not None and found != run_id:
+            raise RunDirError(f"{layout.root} holds run {found!r}, not {run_id!r}: "
+                              f"point at the directory of {run_id!r}, or choose a new directory")
+        return layout
+
+    def manifest(self) -> RunManifest:
+        return read_record(self.manifest_path, RunManifest)
+
+    # -- the `latest` checkpoint pointer -------------------------------------
+    def publish_latest(self, iteration: int) -> None:
+        """Point checkpoints/latest at iter_<n>; call only once iter_<n> is complete."""
+        if not self.checkpoint_dir(iteration).is_dir():
+            raise FileNotFoundError(f"{self.checkpoint_dir(iteration)} does not exist")
+        write_atomic(self.checkpoints_dir / "latest", f"{iteration}\n".encode())
+
+    def latest_checkpoint(self) -> int | None:
+        path = self.checkpoints_dir / "latest"
+        try:
+            text = path.read_text().strip()
+        except FileNotFoundError:
+            return None
+        if not text.isdigit():
+            raise RecordError(path, f"holds {text!r}, not an iteration number",
+                              "rewrite it with the number of the newest complete checkpoint")
+        return int(text)

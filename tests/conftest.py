@@ -1,0 +1,37 @@
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER_DIR = Path(os.environ.get("AGENTRL_CLUSTER_DIR",
+                                  Path.home() / ".local/state/agentrl/local-cluster"))
+
+
+@pytest.fixture(scope="session")
+def slurm_conf() -> Path:
+    """The local cluster's slurm.conf. Skips (locally) or fails (under CI) when it is not up."""
+    conf = CLUSTER_DIR / "etc" / "slurm.conf"
+    problem = None
+    if shutil.which("sinfo") is None:
+        problem = "Slurm clients are not installed (make sysdeps)"
+    elif not conf.exists():
+        problem = f"the local Slurm cluster was never started ({conf} missing): run `agentrl cluster up`"
+    else:
+        r = subprocess.run(["sinfo", "-h", "-o", "%T"], env={**os.environ, "SLURM_CONF": str(conf)},
+                           capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            problem = f"the local Slurm cluster does not answer ({r.stderr.strip()}): run `agentrl cluster up`"
+    if problem:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the Slurm tests: {problem}")
+        pytest.skip(problem)
+    return conf
+
+
+@pytest.fixture
+def slurm_env(slurm_conf, monkeypatch) -> dict:
+    monkeypatch.setenv("SLURM_CONF", str(slurm_conf))
+    return {**os.environ, "SLURM_CONF": str(slurm_conf)}

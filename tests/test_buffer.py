@@ -1,0 +1,89 @@
+import msgpack
+import numpy as np
+import pytest
+
+from hpc.buffer import Sample, read_rollout, read_shard, shard_path, write_shard
+from hpc.ledger import Ledger
+from hpc.records import RecordError
+
+
+def sample(group, attempt, n=4, reward=1.0, **meta):
+    return Sample(tokens=np.arange(10, 10 + n + 3), response_length=n,
+                  loss_mask=np.array([1, 0] * (n // 2) + [1] * (n % 2)),
+                  rollout_log_probs=np.linspace(-2, 0, n), reward=reward, status="completed",
+                  group_index=group, attempt=attempt, metadata=meta)
+
+
+def test_shard_round_trip_keeps_tokens_exact(tmp_path):
+    led = Ledger(tmp_path / "ledger")
+    led.open_rollout(0, [4], 1)
+    c = led.claim("w")
+    big = Sample(tokens=np.array([0, 151_643, 2**31 - 1]), response_length=1, loss_mask=[1],
+                 rollout_log_probs=[-1e-7], reward=0.0, status="truncated", group_index=4, attempt=0,
+                 metadata={"drift": {"clean": 3}, "harness": "builtin"})
+    ref = write_shard(tmp_path / "buf", c, [big, sample(4, 0)])
+    header, (a, b) = read_shard(tmp_path / "buf" / ref)
+    assert header["generation"] == c.generation and header["writer"]["pid"] > 0
+    assert a.tokens.tolist() == [0, 151_643, 2**31 - 1] and a.tokens.dtype == np.int32
+    assert a.rollout_log_probs.tolist() == [np.float32(-1e-7)]
+    assert a.metadata == {"drift": {"clean": 3}, "harness": "builtin"} and a.status == "truncated"
+    assert b.loss_mask.tolist() == [1, 0, 1, 0]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(response_length=9), "response_length 9 is outside"),
+    (dict(loss_mask=[1, 1]), "loss_mask has 2 entries"),
+    (dict(rollout_log_probs=[0.0]), "rollout_log_probs has 1 entries"),
+])
+def test_invalid_samples_are_refused(kwargs, message):
+    base = dict(tokens=np.arange(6), response_length=3, loss_mask=[1, 1, 1],
+                rollout_log_probs=[0.0, 0.0, 0.0], reward=0.0, status="completed", group_index=0, attempt=0)
+    with pytest.raises(ValueError, match=message):
+        Sample(**{**base, **kwargs})
+
+
+def test_reader_returns_only_committed_complete_groups_of_the_current_generation(tmp_path):
+    led, buf = Ledger(tmp_path / "ledger", seed=0), tmp_path / "buf"
+    led.open_rollout(0, [0, 1], 2)
+    claims = {(c.group, c.attempt): c for c in iter(lambda: led.claim("w"), None)}
+    for key in [(0, 0), (0, 1), (1, 0)]:
+        led.commit(claims[key], write_shard(buf, claims[key], [sample(*key, reward=key[1])]))
+    # (1, 1) wrote its shard but never committed: group 1 is incomplete and not read.
+    write_shard(buf, claims[(1, 1)], [sample(1, 1)])
+    got = read_rollout(led, buf, 0)
+    assert list(got) == [0] and sorted(s.reward for s in got[0]) == [0.0, 1.0]
+
+    # Reopened (a resumed trainer): the old generation's shards are never read.
+    led.open_rollout(0, [0, 1], 2)
+    assert read_rollout(led, buf, 0) == {}
+    for c in iter(lambda: led.claim("w"), None):
+        led.commit(c, write_shard(buf, c, [sample(c.group, c.attempt, reward=10)]))
+    got = read_rollout(led, buf, 0)
+    assert sorted(got) == [0, 1] and all(s.reward == 10 for ss in got.values() for s in ss)
+
+
+def test_a_shard_that_does_not_match_its_commit_is_refused(tmp_path):
+    led, buf = Ledger(tmp_path / "ledger", seed=0), tmp_path / "buf"
+    led.open_rollout(0, [0, 1], 1)
+    c0, c1 = sorted(iter(lambda: led.claim("w"), None), key=lambda c: c.group)
+    led.commit(c0, write_shard(buf, c0, [sample(0, 0)]))
+    led.commit(c1, write_shard(buf, c0, [sample(0, 0)]))   # a worker bug: committed the wrong shard
+    with pytest.raises(RecordError, match="but the ledger committed"):
+        read_rollout(led, buf, 0)
+
+
+def test_corrupt_and_foreign_shards_are_refused_naming_the_file(tmp_path):
+    led = Ledger(tmp_path / "ledger")
+    led.open_rollout(0, [0], 1)
+    c = led.claim("w")
+    with pytest.raises(ValueError, match="sample of group 5"):
+        write_shard(tmp_path, c, [sample(5, 0)])
+    path = shard_path(tmp_path, c)
+    write_shard(tmp_path, c, [sample(0, 0)])
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(RecordError, match=f"{path}: is not a readable shard"):
+        read_shard(path)
+    path.write_bytes(msgpack.packb({"kind": "shard", "schema_version": 99, "samples": []}))
+    with pytest.raises(RecordError, match="shard schema 99"):
+        read_shard(path)

@@ -1,0 +1,80 @@
+"""The `agentrl` command, the benchmark's --json contract, and tools/sysdeps.sh off root."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from agentrl.cli import build_parser, main
+from hpc.ledger import Ledger
+from hpc.runlayout import RunLayout
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_subcommand_has_help(capsys):
+    parser = build_parser()
+    subs = parser._subparsers._group_actions[0].choices
+    assert {"cluster", "ledger"} <= set(subs)
+    for name in subs:
+        with pytest.raises(SystemExit) as e:
+            main([name, "--help"])
+        assert e.value.code == 0
+        assert "usage: agentrl " + name in capsys.readouterr().out
+
+
+def test_ledger_status_of_a_run(tmp_path, capsys):
+    layout = RunLayout.create(tmp_path / "run", run_id="r1")
+    led = Ledger(layout.ledger_dir)
+    led.open_rollout(0, [0, 1], 2)
+    led.commit(led.claim("w"), "ref")
+    assert main(["ledger", "status", str(layout.root), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert (row["rollout_id"], row["total"], row["committed"], row["claimed"], row["pending"]) == (0, 4, 1, 0, 3)
+    assert main(["ledger", "status", str(tmp_path)]) == 2
+    assert "holds no ledger" in capsys.readouterr().err
+
+
+def test_benchmark_prints_its_figures_as_json_last(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/ledger_bench.py"), "--procs", "1,2",
+                        "--pairs", "64", "--dir", str(tmp_path), "--json"],
+                       capture_output=True, text=True, timeout=120, check=True)
+    figures = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [row["procs"] for row in figures["results"]] == [1, 2]
+    for row in figures["results"]:
+        assert row["pairs"] >= 64 and row["pairs_per_s"] > 0 and row["floor_ops_per_s"] > 0
+        assert row["ratio_to_floor"] == pytest.approx(row["pairs_per_s"] / row["floor_ops_per_s"], rel=0.01)
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks/ledger_bench.py"), "--procs", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--procs must be positive integers" in bad.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="needs root and setpriv to run the script as an unprivileged user")
+def test_sysdeps_off_root_names_what_is_missing_and_never_runs_apt():
+    # Outside pytest's tmp_path, which is private to root.
+    work = Path(tempfile.mkdtemp(prefix="sysdeps-"))
+    try:
+        work.chmod(0o755)
+        bin_dir = work / "bin"
+        bin_dir.mkdir()
+        for tool in ("bash", "id", "sort", "tr", "cat"):
+            os.symlink(shutil.which(tool), bin_dir / tool)
+        # A fake apt-get that would leave a mark if the script ever called it.
+        (bin_dir / "apt-get").write_text(f"#!/bin/sh\necho ran > {work}/apt-ran\n")
+        (bin_dir / "apt-get").chmod(0o755)
+        shutil.copy(ROOT / "tools/sysdeps.sh", work / "sysdeps.sh")
+        r = subprocess.run([shutil.which("setpriv"), "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                            str(bin_dir / "bash"), str(work / "sysdeps.sh")],
+                           env={"PATH": str(bin_dir)}, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 1, r.stderr
+        assert "missing system tools" in r.stderr and "sbatch" in r.stderr and "bwrap" in r.stderr
+        assert "module load" in r.stderr and "apptainer" in r.stderr
+        assert not (work / "apt-ran").exists()
+    finally:
+        shutil.rmtree(work)

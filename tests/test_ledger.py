@@ -1,0 +1,178 @@
+import errno
+import os
+
+import pytest
+
+from hpc.ledger import Claim, LeaseLost, Ledger, LedgerError, StaleGeneration
+from hpc.records import RecordError
+
+
+class Clock:
+    def __init__(self, t: float = 1_000_000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def led(tmp_path, clock):
+    return Ledger(tmp_path / "ledger", clock=clock, seed=0)
+
+
+def drain(led, worker="w", lease_s=60.0):
+    out = []
+    while (c := led.claim(worker, lease_s=lease_s)) is not None:
+        out.append(c)
+    return out
+
+
+def test_every_attempt_is_handed_out_once_then_nothing(led):
+    gen = led.open_rollout(0, [3, 5], attempts=2)
+    claims = drain(led)
+    assert sorted((c.group, c.attempt) for c in claims) == [(3, 0), (3, 1), (5, 0), (5, 1)]
+    assert {c.generation for c in claims} == {gen}
+    st = led.status(0)
+    assert (st.total, st.claimed, st.pending, st.committed) == (4, 4, 0, 0)
+
+
+def test_a_second_ledger_object_sees_the_same_claims(led, tmp_path, clock):
+    led.open_rollout(0, [0], attempts=3)
+    other = Ledger(tmp_path / "ledger", clock=clock, seed=1)
+    got = drain(led, "a", 60) + drain(other, "b", 60)
+    assert sorted(c.attempt for c in got) == [0, 1, 2]
+
+
+def test_commit_is_idempotent_and_completes_groups(led):
+    led.open_rollout(0, [0, 1], attempts=1)
+    c0, c1 = sorted(drain(led), key=lambda c: c.group)
+    assert led.commit(c0, "shard-a") is True
+    assert led.commit(c0, "shard-a") is True
+    st = led.status(0)
+    assert st.complete_groups == [0] and st.committed == 1 and st.claimed == 1
+    assert led.commits(0)[(0, 0)].ref == "shard-a"
+
+
+def test_expired_lease_is_reclaimed_and_old_holder_loses_it(led, clock):
+    led.open_rollout(0, [0], attempts=1)
+    first = led.claim("slow", lease_s=10)
+    assert led.claim("other", lease_s=10) is None
+    clock.t += 5
+    led.heartbeat(first)           # renewed: deadline is now t+10
+    clock.t += 9
+    assert led.claim("other", lease_s=10) is None
+    clock.t += 2                   # past the renewed deadline
+    second = led.claim("other", lease_s=10)
+    assert (second.try_index, second.worker_id) == (1, "other")
+    with pytest.raises(LeaseLost):
+        led.heartbeat(first)
+    # Both finish: the first commit wins, the other is told it lost; at most one commit.
+    assert led.commit(second, "b") is True
+    assert led.commit(first, "a") is False
+    assert led.commits(0)[(0, 0)].ref == "b"
+
+
+def test_fail_gives_the_attempt_back_until_tries_run_out(led):
+    led.open_rollout(0, [0], attempts=1, max_tries=2)
+    c = led.claim("w")
+    led.fail(c, "sandbox did not boot")
+    with pytest.raises(LeaseLost):
+        led.heartbeat(c)
+    again = led.claim("w")
+    assert again.try_index == 1
+    led.fail(again, "sandbox did not boot")
+    assert led.claim("w") is None
+    st = led.status(0)
+    assert (st.failed, st.pending, st.complete_groups) == (1, 0, [])
+
+
+def test_reopening_supersedes_the_old_generation(led):
+    g1 = led.open_rollout(7, [0], attempts=1)
+    old = led.claim("w")
+    g2 = led.open_rollout(7, [0], attempts=1)
+    assert g2 > g1
+    with pytest.raises(StaleGeneration):
+        led.commit(old, "stale")
+    with pytest.raises(StaleGeneration):
+        led.heartbeat(old)
+    new = led.claim("w")
+    assert new.generation == g2
+    assert led.commit(new, "fresh")
+    assert led.status(7).generation == g2 and led.commits(7)[(0, 0)].ref == "fresh"
+
+
+def test_generations_grow_across_rollouts(led):
+    gens = [led.open_rollout(r, [0], 1) for r in (0, 1, 0, 2)]
+    assert gens == sorted(gens) and len(set(gens)) == 4
+
+
+def test_closed_rollout_hands_out_nothing_but_in_flight_claims_commit(led):
+    led.open_rollout(0, [0, 1], attempts=1)
+    c = led.claim("w")
+    led.close_rollout(0)
+    assert led.claim("w") is None
+    assert led.commit(c, "late") is True
+    st = led.status(0)
+    assert st.closed and st.committed == 1 and st.pending == 1
+
+
+def test_oldest_rollout_is_served_first(led):
+    led.open_rollout(2, [0], 1)
+    led.open_rollout(1, [0], 1)
+    assert [led.claim("w").rollout_id for _ in range(2)] == [1, 2]
+    assert led.claim("w", rollout_id=2) is None
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda led: led.open_rollout(-1, [0], 1), "rollout_id must be a non-negative integer"),
+    (lambda led: led.open_rollout(0, [], 1), "non-empty list of distinct"),
+    (lambda led: led.open_rollout(0, [1, 1], 1), "non-empty list of distinct"),
+    (lambda led: led.open_rollout(0, [0], 0), "at least 1"),
+    (lambda led: led.claim("bad id/../x"), "worker_id"),
+    (lambda led: led.claim("w", lease_s=0), "lease_s must be positive"),
+    (lambda led: led.close_rollout(9), "never opened"),
+    (lambda led: led.status(9), "never opened"),
+])
+def test_bad_input_is_refused_clearly(led, call, message):
+    with pytest.raises(LedgerError, match=message):
+        call(led)
+
+
+def test_a_filesystem_without_hard_links_is_refused(tmp_path, monkeypatch):
+    def no_link(src, dst, *a, **k):
+        raise OSError(errno.EPERM, "Operation not permitted")
+    monkeypatch.setattr(os, "link", no_link)
+    with pytest.raises(LedgerError, match=r"cannot create files exclusively with link\(2\)"):
+        Ledger(tmp_path / "ledger")
+
+
+def test_corrupt_commit_record_is_reported_and_kept(led):
+    led.open_rollout(0, [0], 1)
+    c = led.claim("w")
+    led.commit(c, "ref")
+    path = led.root / "rollouts/0" / f"g{c.generation}" / "commits/0-0"
+    path.write_bytes(b'{"kind": "commit", "sche')
+    with pytest.raises(RecordError, match="0-0: is not valid JSON"):
+        led.commits(0)
+    assert path.exists()
+
+
+def test_ledger_from_a_newer_layout_is_refused(tmp_path):
+    Ledger(tmp_path / "l")
+    manifest = tmp_path / "l/ledger.json"
+    manifest.write_text(manifest.read_text().replace('"layout":1', '"layout":2'))
+    with pytest.raises(LedgerError, match="ledger layout 2"):
+        Ledger(tmp_path / "l")
+
+
+def test_temp_files_of_crashed_writers_are_ignored(led):
+    gen = led.open_rollout(0, [0], 1)
+    claims = led.root / "rollouts/0" / f"g{gen}" / "claims"
+    (claims / ".0-0-0.tmp-host-1-abcd").write_text("")
+    c = led.claim("w")
+    assert isinstance(c, Claim) and c.try_index == 0

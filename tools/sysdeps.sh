@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Make sure the system tools agentrl-hpc needs are on this machine.
+# As root on Debian/Ubuntu, install what is missing with apt; anywhere else,
+# say what is missing and how a site usually provides it. Never tries apt as non-root.
+set -euo pipefail
+
+# command -> Debian package
+declare -A pkg=(
+  [sbatch]=slurm-client [slurmctld]=slurmctld [slurmd]=slurmd
+  [munged]=munge [mungekey]=munge
+  [bwrap]=bubblewrap
+)
+missing=()
+for cmd in "${!pkg[@]}"; do command -v "$cmd" >/dev/null || missing+=("$cmd"); done
+((${#missing[@]} == 0)) && exit 0
+
+pkgs=$(for c in "${missing[@]}"; do echo "${pkg[$c]}"; done | sort -u | tr '\n' ' ')
+if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+  echo "sysdeps: installing $pkgs"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  # Debian's postinst scripts try to start the daemons; the local cluster starts its own.
+  apt-get install -y -qq --no-install-recommends $pkgs >/dev/null
+  exit 0
+fi
+
+cat >&2 <<MSG
+sysdeps: missing system tools: ${missing[*]}
+  As root on Debian/Ubuntu: apt-get install $pkgs
+  On a cluster these usually come from the site, not from you:
+    - Slurm clients (sbatch, srun): already on login nodes, or \`module load slurm\`.
+    - slurmctld/slurmd/munged are only needed for the local test cluster (make cluster-up);
+      on a real cluster, skip it and run the tests that need no Slurm: make test-unit.
+    - bubblewrap (bwrap): ask your admins, or use the apptainer sandbox runtime
+      (\`module load apptainer\`), which most HPC sites provide.
+MSG
+exit 1

@@ -45,6 +45,10 @@ render_config() {
       -e "s|@PORT_CPU1@|$((CTLD_PORT + 12))|g" -e "s|@PORT_CPU2@|$((CTLD_PORT + 13))|g" \
       "$here/slurm.conf.in" > "$D/etc/slurm.conf.new"
   sed -e "s|@DIR@|$D|g" "$here/gres.conf.in" > "$D/etc/gres.conf"
+  if [[ -f $D/etc/slurm.conf ]] && ! cmp -s "$D/etc/slurm.conf.new" "$D/etc/slurm.conf"; then
+    # Running daemons would keep the old ports and nodes: restart them on the new config.
+    stop_slurm
+  fi
   mv "$D/etc/slurm.conf.new" "$D/etc/slurm.conf"
 }
 
@@ -99,6 +103,11 @@ stop_pid() {
   rm -f "$f"
 }
 
+stop_slurm() {
+  for n in "${NODES[@]}"; do stop_pid "$D/run/slurmd-$n.pid"; done
+  stop_pid "$D/run/slurmctld.pid"
+}
+
 case ${1:-} in
   up)
     need_tools
@@ -108,8 +117,7 @@ case ${1:-} in
     wait_idle
     ;;
   down)
-    for n in "${NODES[@]}"; do stop_pid "$D/run/slurmd-$n.pid"; done
-    stop_pid "$D/run/slurmctld.pid"
+    stop_slurm
     stop_pid "$D/run/munged.pid"
     echo "cluster: down"
     ;;

@@ -23,7 +23,7 @@ venv: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e '.[dev,train]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,train,mpi]'
 	touch $@
 
 cluster-up: venv

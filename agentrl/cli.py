@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 from dataclasses import asdict
@@ -67,10 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("path", help="a run directory, or its ledger/ directory")
     st.add_argument("--json", action="store_true", help="print one JSON list instead of a table")
     st.set_defaults(func=_ledger_status)
+
+    from .launch_commands import add_parsers
+    add_parsers(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `agentrl status RUN | head` ends quietly
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -9,6 +9,7 @@ declare -A pkg=(
   [sbatch]=slurm-client [slurmctld]=slurmctld [slurmd]=slurmd
   [munged]=munge [mungekey]=munge
   [bwrap]=bubblewrap
+  [mpirun]=openmpi-bin [mpicc]=libopenmpi-dev
 )
 missing=()
 for cmd in "${!pkg[@]}"; do command -v "$cmd" >/dev/null || missing+=("$cmd"); done
@@ -33,5 +34,7 @@ sysdeps: missing system tools: ${missing[*]}
       on a real cluster, skip it and run the tests that need no Slurm: make test-unit.
     - bubblewrap (bwrap): ask your admins, or use the apptainer sandbox runtime
       (\`module load apptainer\`), which most HPC sites provide.
+    - MPI (mpirun, mpicc): sites provide it with \`module load openmpi\`; load it before
+      installing and running mpi4py (pip install 'agentrl-hpc[mpi]'), which uses the MPI it finds.
 MSG
 exit 1

@@ -1,0 +1,147 @@
+"""`agentrl launch`, `agentrl status`, `agentrl stop`: thin shells over hpc.launch."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hpc.launch.plan import load_plan
+from hpc.records import RecordError
+from hpc.runlayout import RunDirError, RunLayout
+
+
+def launch(args: argparse.Namespace) -> int:
+    from hpc.launch import executors
+    from hpc.launch.sbatch import render_sbatch
+    from hpc.launch.slurminfo import SlurmUnavailable, partitions_from_sinfo
+
+    try:
+        config = executors.load_config(Path(args.config))
+        section = config["launch"]
+        partitions = None
+        if isinstance(section, dict) and "partitions" not in section:
+            partitions = partitions_from_sinfo()
+        plan = load_plan(section, partitions)
+    except (ValueError, SlurmUnavailable) as e:  # PlanError is a ValueError
+        print(e, file=sys.stderr)
+        return 2
+    if args.dry_run:
+        if args.executor == "sbatch":
+            print(render_sbatch(plan, source=str(args.config)))
+        else:
+            print(plan.model_dump_json(indent=2))
+        return 0
+    run_dir = args.run_dir or config.get("run_dir")
+    if not run_dir:
+        print("no run directory: pass --run-dir or set run_dir: in the config", file=sys.stderr)
+        return 2
+    try:
+        layout = RunLayout.create(run_dir, config, run_id=config.get("run_id"))
+    except (RunDirError, RecordError, ValueError) as e:
+        print(e, file=sys.stderr)
+        return 2
+    python = args.python or sys.executable
+    print(f"agentrl: run directory {layout.root}, executor {args.executor}, python {python}")
+    if args.executor == "local":
+        return executors.run_local(plan, layout, python)
+    if args.executor == "sbatch":
+        job = executors.submit_sbatch(plan, layout, python, source=str(args.config))
+        print(f"agentrl: submitted het job {job}; script {layout.root}/launch/job.sbatch")
+        return 0
+    ids = executors.submit_submitit(plan, layout, python)
+    print(f"agentrl: submitted {len(ids)} submitit job(s): {', '.join(ids)}")
+    return 0
+
+
+def _open(path: str) -> RunLayout | None:
+    try:
+        return RunLayout.open(path)
+    except (RunDirError, RecordError) as e:
+        print(e, file=sys.stderr)
+        return None
+
+
+def status(args: argparse.Namespace) -> int:
+    from hpc.launch.state import read_driver_records, read_end, read_launch_record, read_task_records
+    from hpc.registry import Registry
+
+    layout = _open(args.run)
+    if layout is None:
+        return 2
+    rec = read_launch_record(layout)
+    if rec is None:
+        print(f"{layout.root}: never launched")
+        return 0
+    end = read_end(layout)
+    state, message = (end.state, end.message) if end else (rec.state, rec.message)
+    drivers = read_driver_records(layout)
+    if not end and drivers:
+        state = "running" if any(d.state == "running" for d in drivers.values()) else state
+    age = time.time() - (end.ended if end else rec.updated)
+    print(f"run {layout.manifest().run_id}: {state} ({rec.executor}"
+          f"{', job ' + rec.job_id if rec.job_id else ''}; updated {age:.0f} s ago)"
+          f"{': ' + message if message else ''}")
+    for name, d in drivers.items():
+        print(f"  driver {name}: {d.state} (job {d.job_id}){': ' + d.message if d.message else ''}")
+    alive = {(s.role, s.index) for s in Registry(layout.services_dir).alive(ttl_s=args.ttl)}
+    print(f"{'task':<16} {'state':<8} {'up':<4} {'restarts':>8} {'exit':>5} {'node':<10}")
+    for t in read_task_records(layout):
+        up = "yes" if t.state == "running" and (t.role, t.index) in alive else "no"
+        code = "" if t.exit_code is None else str(t.exit_code)
+        print(f"{t.role + '-' + str(t.index):<16} {t.state:<8} {up:<4} {t.restarts:>8} {code:>5} {t.node:<10}")
+    return 0
+
+
+def stop(args: argparse.Namespace) -> int:
+    from hpc.launch.state import read_end, read_launch_record
+
+    layout = _open(args.run)
+    if layout is None:
+        return 2
+    rec = read_launch_record(layout)
+    end = read_end(layout)
+    if rec is None or end is not None:
+        print(f"{layout.root}: nothing to stop ({end.state if end else 'never launched'})")
+        return 0
+    if rec.job_id:
+        r = subprocess.run(["scancel", *rec.job_id.split(",")], capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"scancel failed: {r.stderr.strip()}", file=sys.stderr)
+            return 1
+        print(f"agentrl: cancelled job(s) {rec.job_id}")
+        return 0
+    if rec.driver_pid:
+        try:
+            os.kill(rec.driver_pid, signal.SIGTERM)
+        except ProcessLookupError:
+            print(f"driver pid {rec.driver_pid} is gone; the run ended without recording it", file=sys.stderr)
+            return 1
+        print(f"agentrl: sent SIGTERM to the local driver (pid {rec.driver_pid})")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    la = sub.add_parser("launch", help="launch a run's roles from a config",
+                        description="Validate the config's launch plan, then run it as an sbatch het job, "
+                                    "through submitit, or as local processes.")
+    la.add_argument("config", help="run config (YAML with a launch: section)")
+    la.add_argument("--executor", choices=["sbatch", "submitit", "local"], default="local")
+    la.add_argument("--dry-run", action="store_true",
+                    help="print what would run (the sbatch script, or the plan) and submit nothing")
+    la.add_argument("--run-dir", help="the run directory (default: run_dir: of the config)")
+    la.add_argument("--python", help="interpreter for the roles (default: this one)")
+    la.set_defaults(func=launch)
+
+    st = sub.add_parser("status", help="a run's launch state: roles, restarts, exit codes")
+    st.add_argument("run", help="the run directory")
+    st.add_argument("--ttl", type=float, default=30.0, help="seconds without heartbeat before a task is down")
+    st.set_defaults(func=status)
+
+    sp = sub.add_parser("stop", help="stop a run: scancel its jobs, or signal its local driver")
+    sp.add_argument("run", help="the run directory")
+    sp.set_defaults(func=stop)

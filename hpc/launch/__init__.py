@@ -1,0 +1,1 @@
+"""Launching a run's roles: one plan, three executors (sbatch het job, submitit, local processes)."""

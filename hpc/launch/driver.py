@@ -1,0 +1,217 @@
+"""The driver: starts every unit of a plan, watches it, applies restart policies.
+
+Runs as a local process (the local executor) or inside a Slurm allocation
+(the submitit executor, starting units as concurrent `srun --exact` steps).
+Its state and every task's state are on disk (hpc.launch.state), so
+`agentrl status RUN` works from any host.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from ..runlayout import RunLayout
+from .plan import Plan, RestartPolicy
+from .state import LaunchRecord, end_run, read_end, read_task_records, write_launch_record
+from .steps import Unit, start_local, start_srun, units
+from .task import kill_group
+
+POLL_S = 0.2
+
+
+@dataclass
+class Running:
+    unit: Unit
+    procs: list[subprocess.Popen]
+    restarts: int = 0
+    exit_code: int | None = None
+    restart_at: float | None = None   # when a restart is due
+    done: bool = False
+
+    def poll(self) -> int | None:
+        """The unit's exit code once every process has exited (first failure wins), else None."""
+        codes = [p.poll() for p in self.procs]
+        failed = [c for c in codes if c not in (None, 0)]
+        if failed and None in codes:
+            # One rank failed: the others would wait for it forever.
+            for p in self.procs:
+                if p.poll() is None:
+                    kill_group(p.pid, grace_s=5)
+            codes = [p.wait() for p in self.procs]
+        if None in codes:
+            return None
+        bad = [c for c in codes if c != 0]
+        return (bad[0] if bad[0] >= 0 else 128 - bad[0]) if bad else 0
+
+
+@dataclass
+class Driver:
+    plan: Plan
+    layout: RunLayout
+    executor: Literal["local", "submitit"]
+    python: str
+    job_id: str | None = None
+    nodes_by_partition: dict[str, list[str]] = field(default_factory=dict)
+    clock: Callable[[], float] = time.time
+    _stop_reason: str | None = None
+
+    def _gpu_ids(self) -> dict[str, list[int]]:
+        """Locally, GPUs are handed out in plan order: disjoint by construction."""
+        out, nxt = {}, 0
+        for name, role in self.plan.roles.items():
+            n = role.tasks * role.gpus_per_task
+            out[name] = list(range(nxt, nxt + n))
+            nxt += n
+        return out
+
+    def _start(self, unit: Unit, restarts: int) -> list[subprocess.Popen]:
+        role = self.plan.roles[unit.role]
+        log_dir = self.layout.logs_dir
+        log_dir.mkdir(parents=True, exist_ok=True)
+        common = dict(python=self.python, run_dir=str(self.layout.root), log_dir=log_dir, restarts=restarts)
+        if self.executor == "local":
+            ids = self._gpu_ids()[unit.role]
+            if unit.index is not None:
+                ids = ids[unit.index * role.gpus_per_task:(unit.index + 1) * role.gpus_per_task]
+            return start_local(unit, role, gpu_ids=ids, **common)
+        nodes = self.nodes_by_partition.get(role.partition, [])
+        if unit.index is None:
+            nodelist = ",".join(nodes[:role.nodes]) or None
+        else:
+            nodelist = nodes[unit.index % role.nodes] if nodes else None
+        return start_srun(unit, role, nodelist=nodelist, **common)
+
+    def _record(self, state, message: str = "") -> None:
+        # Locally the driver is the run; under submitit there is one driver per job.
+        name = "run" if self.executor == "local" else f"driver-{self.plan.name}"
+        write_launch_record(self.layout, LaunchRecord(
+            executor=self.executor, state=state, job_id=self.job_id, driver_pid=os.getpid(),
+            message=message, updated=self.clock()), name=name)
+
+    def _on_signal(self, signum, _frame) -> None:
+        if signum == signal.SIGUSR2:
+            # Slurm's warning before a time limit or preemption: the trainer checkpoints.
+            for r in self._running.values():
+                if self.plan.roles[r.unit.role].restart.policy is RestartPolicy.FAIL_RUN:
+                    for p in r.procs:
+                        try:
+                            os.killpg(p.pid, signal.SIGUSR2)
+                        except ProcessLookupError:
+                            pass
+            return
+        self._stop_reason = f"stopped by {signal.Signals(signum).name}"
+
+    def run(self) -> int:
+        """Run the plan until the trainer ends, a role fails for good, or a signal stops it."""
+        self._running: dict[str, Running] = {}
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
+            signal.signal(sig, self._on_signal)
+        self._record("running")
+        for unit in units(self.plan):
+            self._running[unit.key] = Running(unit, self._start(unit, 0))
+        try:
+            state, code, message = self._watch()
+        finally:
+            self._stop_all()
+        end = end_run(self.layout, state, code, message)
+        self._record(end.state, end.message)
+        return end.exit_code
+
+    def _watch(self) -> tuple[str, int, str]:
+        while True:
+            if self._stop_reason:
+                return "stopped", 143, self._stop_reason
+            end = read_end(self.layout)
+            if end is not None:   # another driver of this run (another job) ended it
+                return end.state, end.exit_code, end.message
+            now = self.clock()
+            for r in self._running.values():
+                if r.done:
+                    continue
+                if r.restart_at is not None:
+                    if now >= r.restart_at:
+                        r.restart_at, r.exit_code = None, None
+                        r.procs = self._start(r.unit, r.restarts)
+                    continue
+                rc = r.poll()
+                if rc is None:
+                    continue
+                r.exit_code = rc
+                restart = self.plan.roles[r.unit.role].restart
+                what = f"{r.unit.key} exited with {rc}"
+                if restart.policy is RestartPolicy.FAIL_RUN:
+                    if rc == 0:
+                        return "finished", 0, f"{what}: the run is complete"
+                    return "failed", rc, f"{what}: a fail-run role ends the run"
+                if restart.policy is RestartPolicy.IGNORE:
+                    r.done = True
+                elif r.restarts < restart.max_restarts:
+                    r.restarts += 1
+                    r.restart_at = now + restart.backoff_s
+                else:
+                    return "failed", rc or 1, f"{what} after {r.restarts} restarts (max_restarts reached)"
+            if all(r.done for r in self._running.values()):
+                return "finished", 0, "every role ended"
+            time.sleep(POLL_S)
+
+    def _stop_all(self) -> None:
+        if self.job_id and self.executor == "submitit":
+            # SIGTERM straight to every step's tasks: srun itself, signalled, kills its step hard,
+            # and the task wrappers would get no chance to stop their commands and record the exit.
+            subprocess.run(["scancel", "--signal=TERM", self.job_id], capture_output=True)
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and any(
+                    p.poll() is None for r in self._running.values() for p in r.procs):
+                time.sleep(0.2)
+        for r in self._running.values():
+            for p in r.procs:
+                if p.poll() is None:
+                    try:
+                        os.killpg(p.pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+        deadline = time.monotonic() + 15
+        for r in self._running.values():
+            for p in r.procs:
+                try:
+                    p.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    kill_group(p.pid, grace_s=0)
+                    p.wait()
+        if self.executor == "local":
+            # A wrapper killed hard leaves its command's group: the task record names it.
+            for rec in read_task_records(self.layout):
+                if rec.pgid:
+                    kill_group(rec.pgid, grace_s=2)
+
+
+def nodes_by_partition(plan: Plan, allocation: list[str]) -> dict[str, list[str]]:
+    """The allocation's nodes that belong to each partition of the plan, in allocation order."""
+    return {name: [n for n in allocation if n in part.nodes] for name, part in plan.partitions.items()}
+
+
+def run_in_allocation(plan_json: str, run_dir: str, python: str) -> int:
+    """Entry point of the submitit job: the driver inside the allocation."""
+    from ..environment import SlurmEnv
+    from .distenv import expand_hostlist
+
+    plan = Plan.model_validate_json(plan_json)
+    allocation = expand_hostlist(os.environ.get("SLURM_JOB_NODELIST", ""))
+    driver = Driver(plan, RunLayout.open(run_dir), "submitit", python,
+                    job_id=SlurmEnv.from_environ().job_id,
+                    nodes_by_partition=nodes_by_partition(plan, allocation))
+    code = driver.run()
+    if code != 0:
+        raise SystemExit(code)
+    return code
+
+
+def plan_path(layout: RunLayout) -> Path:
+    return layout.root / "launch" / "plan.json"

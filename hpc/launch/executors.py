@@ -1,0 +1,99 @@
+"""Submit a plan: as an sbatch het job, through submitit, or as local processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Literal
+
+from ..runlayout import RunLayout
+from .driver import Driver, plan_path, run_in_allocation
+from .plan import Plan
+from .sbatch import render_sbatch
+from .state import LaunchRecord, launch_dir, write_launch_record
+
+Executor = Literal["sbatch", "submitit", "local"]
+
+
+def _save_plan(layout: RunLayout, plan: Plan) -> None:
+    """Write the plan a launch runs, and forget how an earlier launch of this run ended."""
+    from ..fsio import write_atomic
+    launch_dir(layout).mkdir(parents=True, exist_ok=True)
+    write_atomic(plan_path(layout), plan.model_dump_json(indent=1).encode())
+    (launch_dir(layout) / "end.json").unlink(missing_ok=True)
+
+
+def submit_sbatch(plan: Plan, layout: RunLayout, python: str, source: str = "") -> str:
+    script = launch_dir(layout) / "job.sbatch"
+    _save_plan(layout, plan)
+    script.write_text(render_sbatch(plan, source=source))
+    env_args = [f"--export=ALL,AGENTRL_RUN_DIR={layout.root},AGENTRL_PYTHON={python}"]
+    r = subprocess.run(["sbatch", "--parsable", *env_args, f"--output={layout.logs_dir}/job-%j.out",
+                        str(script)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"sbatch refused {script}: {r.stderr.strip()}")
+    job_id = r.stdout.strip().split(";")[0]
+    write_launch_record(layout, LaunchRecord(executor="sbatch", state="submitted", job_id=job_id,
+                                             updated=time.time()))
+    return job_id
+
+
+def submitit_jobs(plan: Plan) -> list[Plan]:
+    """One allocation per partition of the plan (submitit has no het jobs).
+
+    Slurm also refuses one allocation that mixes GPU and CPU nodes with GPUs
+    ("--gpus < -N"), so the pool gets its own job, bound to the others only
+    through the run directory: the jobs may start at different times.
+    """
+    out = []
+    for comp in plan.components():
+        roles = {n: plan.roles[n] for n in comp.roles}
+        out.append(plan.model_copy(update={"roles": roles, "name": f"{plan.name}-{comp.partition}"}))
+    return out
+
+
+def allocation_request(plan: Plan) -> dict:
+    """submitit parameters for the allocation of a one-partition plan."""
+    (comp,) = plan.components()
+    return dict(slurm_partition=comp.partition, nodes=comp.nodes, tasks_per_node=1,
+                cpus_per_task=comp.cpus_per_node, slurm_mem=f"{comp.mem_mb_per_node}M",
+                slurm_gres=f"gpu:{comp.gpus_per_node}" if comp.gpus_per_node else None,
+                timeout_min=plan.time_limit_min, name=plan.name,
+                # submitit's own srun wrapper hangs the driver's nested srun steps.
+                slurm_use_srun=False)
+
+
+def submit_submitit(plan: Plan, layout: RunLayout, python: str) -> list[str]:
+    import submitit
+
+    _save_plan(layout, plan)
+    ids = []
+    for part in submitit_jobs(plan):
+        ex = submitit.AutoExecutor(folder=str(layout.root / "launch" / "submitit" / "%j"), cluster="slurm")
+        ex.update_parameters(**allocation_request(part))
+        job = ex.submit(run_in_allocation, part.model_dump_json(), str(layout.root), python)
+        ids.append(str(job.job_id))
+    write_launch_record(layout, LaunchRecord(executor="submitit", state="submitted", job_id=",".join(ids),
+                                             updated=time.time()))
+    return ids
+
+
+def run_local(plan: Plan, layout: RunLayout, python: str | None = None) -> int:
+    _save_plan(layout, plan)
+    return Driver(plan, layout, "local", python or sys.executable).run()
+
+
+def load_config(path: Path) -> dict:
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such config file") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML ({e})") from None
+    if not isinstance(data, dict) or "launch" not in data:
+        raise ValueError(f"{path}: a run config is a mapping with a `launch:` section")
+    return data

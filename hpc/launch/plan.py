@@ -1,0 +1,187 @@
+"""The launch plan: which roles run where, with what, and what happens when one exits.
+
+Typed and validated in one place. Every executor (sbatch het job, submitit,
+local processes) renders from a Plan, so a bad plan fails here, before
+anything is submitted, with the path of the field that is wrong.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+
+
+class PlanError(ValueError):
+    """A plan that cannot run; the message names each wrong field."""
+
+
+class RestartPolicy(str, Enum):
+    FAIL_RUN = "fail-run"   # any exit of this role ends the run (the trainer)
+    RESTART = "restart"     # start it again, up to max_restarts times (pool, inference)
+    IGNORE = "ignore"       # let it go; the run goes on (eval)
+
+
+class Restart(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy: RestartPolicy
+    max_restarts: int = Field(3, ge=0)
+    backoff_s: float = Field(2.0, ge=0)
+
+
+class Partition(BaseModel):
+    """What one node of a partition offers (nodes of a partition are alike)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    nodes: list[str] = Field(min_length=1)
+    cpus_per_node: int = Field(ge=1)
+    mem_mb: int = Field(ge=1)
+    gpus_per_node: int = Field(0, ge=0)
+
+
+class Role(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command: list[str] = Field(min_length=1)
+    partition: str
+    tasks: int = Field(1, ge=1)
+    nodes: int = Field(1, ge=1)
+    cpus_per_task: int = Field(1, ge=1)
+    mem_per_task_mb: int = Field(1024, ge=1)
+    gpus_per_task: int = Field(0, ge=0)
+    env: dict[str, str] = {}
+    restart: Restart
+    # One srun step for all tasks with RANK/WORLD_SIZE/MASTER_* set (trainer ranks),
+    # restarted as a whole; otherwise one step per task, each restarted alone.
+    distributed: bool = False
+
+    @property
+    def tasks_per_node(self) -> int:
+        return math.ceil(self.tasks / self.nodes)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in env if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k)]
+        if bad:
+            raise ValueError(f"not valid environment variable names: {bad}")
+        return env
+
+
+class Component(BaseModel):
+    """One het-job component: the roles of one partition, and what each node must offer them."""
+
+    model_config = ConfigDict(frozen=True)
+
+    index: int
+    partition: str
+    nodes: int
+    cpus_per_node: int
+    mem_mb_per_node: int
+    gpus_per_node: int
+    roles: list[str]
+
+
+class Plan(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = "agentrl"
+    time_limit_min: int = Field(60, ge=1)
+    roles: dict[str, Role] = Field(min_length=1)
+    partitions: dict[str, Partition] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _fits(self) -> Plan:
+        errors = []
+        for name, role in self.roles.items():
+            where = f"roles.{name}"
+            if not _NAME.match(name):
+                errors.append(f"{where}: role names are lowercase letters, digits and _ (at most 32)")
+            part = self.partitions.get(role.partition)
+            if part is None:
+                errors.append(f"{where}.partition: unknown partition {role.partition!r} "
+                              f"(known: {', '.join(sorted(self.partitions))})")
+                continue
+            if role.gpus_per_task and not part.gpus_per_node:
+                errors.append(f"{where}.gpus_per_task: partition {role.partition!r} has no GPUs; "
+                              "use a GPU partition or set gpus_per_task: 0")
+            if role.nodes > len(part.nodes):
+                errors.append(f"{where}.nodes: {role.nodes} nodes asked, partition {role.partition!r} "
+                              f"has {len(part.nodes)}")
+            if role.tasks < role.nodes:
+                errors.append(f"{where}.tasks: {role.tasks} tasks cannot fill {role.nodes} nodes")
+        if not errors:
+            errors += self._per_node_fit()
+        if errors:
+            raise ValueError("\n".join(errors))
+        return self
+
+    def _per_node_fit(self) -> list[str]:
+        errors = []
+        for comp in self.components():
+            part = self.partitions[comp.partition]
+            for what, need, have in [("CPUs", comp.cpus_per_node, part.cpus_per_node),
+                                     ("MB of memory", comp.mem_mb_per_node, part.mem_mb),
+                                     ("GPUs", comp.gpus_per_node, part.gpus_per_node)]:
+                if need > have:
+                    errors.append(f"roles.{'+'.join(comp.roles)}: need {need} {what} per node of partition "
+                                  f"{comp.partition!r}, which has {have}; use fewer tasks per node or more nodes")
+        return errors
+
+    def components(self) -> list[Component]:
+        """Roles grouped by partition, in the order of first appearance.
+
+        Roles that share a partition may share nodes, so a component asks each
+        node for the sum of what its roles need there.
+        """
+        by_part: dict[str, list[str]] = {}
+        for name, role in self.roles.items():
+            by_part.setdefault(role.partition, []).append(name)
+        out = []
+        for i, (part, names) in enumerate(by_part.items()):
+            roles = [self.roles[n] for n in names]
+            out.append(Component(
+                index=i, partition=part, nodes=max(r.nodes for r in roles),
+                cpus_per_node=sum(r.tasks_per_node * r.cpus_per_task for r in roles),
+                mem_mb_per_node=sum(r.tasks_per_node * r.mem_per_task_mb for r in roles),
+                gpus_per_node=sum(r.tasks_per_node * r.gpus_per_task for r in roles),
+                roles=names))
+        return out
+
+    def component_of(self, role: str) -> Component:
+        return next(c for c in self.components() if role in c.roles)
+
+
+def load_plan(launch: dict[str, Any], partitions: dict[str, Any] | None = None) -> Plan:
+    """A Plan from the `launch:` section of a run config.
+
+    `partitions`, when the config has none, comes from the cluster (hpc.launch.slurminfo).
+    """
+    if not isinstance(launch, dict):
+        raise PlanError(f"launch: expected a mapping, got {type(launch).__name__}")
+    data = dict(launch)
+    if "partitions" not in data and partitions is not None:
+        data["partitions"] = partitions
+    try:
+        return Plan.model_validate(data)
+    except ValidationError as e:
+        raise PlanError(_explain(e)) from None
+
+
+def _explain(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (a typo? see docs/launch.md for the keys a plan takes)"
+        for line in msg.splitlines():
+            lines.append(f"launch.{line}" if not loc else f"launch.{loc}: {line}")
+    return "bad launch plan:\n  " + "\n  ".join(lines)

@@ -1,0 +1,44 @@
+"""What the cluster offers, asked of Slurm (thin shell over sinfo)."""
+
+from __future__ import annotations
+
+import subprocess
+
+
+class SlurmUnavailable(RuntimeError):
+    pass
+
+
+def parse_sinfo(text: str) -> dict[str, dict]:
+    """Partitions from `sinfo -h -N -o "%P %N %c %m %G"`: nodes, and the smallest node's resources."""
+    parts: dict[str, dict] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        part, node, cpus, mem, gres = line.split()[:5]
+        part = part.rstrip("*")
+        gpus = 0
+        for g in gres.split(","):
+            bits = g.split("(")[0].split(":")
+            if bits[0] == "gpu" and bits[-1].isdigit():
+                gpus = int(bits[-1])
+        p = parts.setdefault(part, {"nodes": [], "cpus_per_node": int(cpus), "mem_mb": int(mem),
+                                    "gpus_per_node": gpus})
+        if node not in p["nodes"]:
+            p["nodes"].append(node)
+        p["cpus_per_node"] = min(p["cpus_per_node"], int(cpus))
+        p["mem_mb"] = min(p["mem_mb"], int(mem))
+        p["gpus_per_node"] = min(p["gpus_per_node"], gpus)
+    return parts
+
+
+def partitions_from_sinfo() -> dict[str, dict]:
+    try:
+        r = subprocess.run(["sinfo", "-h", "-N", "-o", "%P %N %c %m %G"], capture_output=True, text=True,
+                           timeout=60)
+    except FileNotFoundError:
+        raise SlurmUnavailable("sinfo is not installed: give the plan its `partitions:` in the config, "
+                               "or run where Slurm is") from None
+    if r.returncode != 0:
+        raise SlurmUnavailable(f"sinfo failed ({r.stderr.strip()}); is SLURM_CONF right and slurmctld up?")
+    return parse_sinfo(r.stdout)

@@ -1,0 +1,134 @@
+"""What a launch leaves on disk: RUN/launch/run.json and one record per task.
+
+    RUN/launch/plan.json            the validated plan
+    RUN/launch/run.json             executor, Slurm job id, state of the run
+    RUN/launch/driver-<name>.json   state of each submitit driver (one job per partition)
+    RUN/launch/end.json             how the run ended: written once, by whoever ended it
+    RUN/launch/tasks/<role>-<i>.json  state, restarts, exit code of each task
+
+Each file has one writer (the driver or the task's own wrapper) and is replaced atomically.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from ..records import Record, create_record, parse_record, read_record, write_record
+from ..runlayout import RunLayout
+
+RunState = Literal["submitted", "running", "finished", "failed", "stopped"]
+
+
+class TaskRecord(Record):
+    kind: Literal["task"] = "task"
+    role: str
+    index: int
+    state: Literal["running", "exited"]
+    restarts: int = 0
+    started: float
+    ended: float | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    pid: int | None = None
+    pgid: int | None = None
+    node: str = ""
+    command: list[str] = []
+
+
+class LaunchRecord(Record):
+    kind: Literal["launch"] = "launch"
+    executor: Literal["sbatch", "submitit", "local"]
+    state: RunState
+    job_id: str | None = None
+    driver_pid: int | None = None
+    message: str = ""
+    updated: float
+
+
+class EndRecord(Record):
+    kind: Literal["end"] = "end"
+    state: RunState
+    exit_code: int
+    message: str
+    ended: float
+
+
+def launch_dir(layout: RunLayout) -> Path:
+    return layout.root / "launch"
+
+
+def task_path(layout: RunLayout, role: str, index: int) -> Path:
+    return launch_dir(layout) / "tasks" / f"{role}-{index}.json"
+
+
+def write_task_record(layout: RunLayout, rec: TaskRecord) -> None:
+    path = task_path(layout, rec.role, rec.index)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_record(path, rec, fsync=False)
+
+
+def read_task_records(layout: RunLayout) -> list[TaskRecord]:
+    d = launch_dir(layout) / "tasks"
+    if not d.is_dir():
+        return []
+    out = []
+    for p in sorted(d.glob("*.json")):
+        try:
+            out.append(parse_record(p, p.read_bytes(), TaskRecord))
+        except FileNotFoundError:
+            continue
+    return sorted(out, key=lambda r: (r.role, r.index))
+
+
+def write_launch_record(layout: RunLayout, rec: LaunchRecord, name: str = "run") -> None:
+    launch_dir(layout).mkdir(parents=True, exist_ok=True)
+    write_record(launch_dir(layout) / f"{name}.json", rec)
+
+
+def read_launch_record(layout: RunLayout, name: str = "run") -> LaunchRecord | None:
+    path = launch_dir(layout) / f"{name}.json"
+    return read_record(path, LaunchRecord) if path.exists() else None
+
+
+def read_driver_records(layout: RunLayout) -> dict[str, LaunchRecord]:
+    return {p.stem.removeprefix("driver-"): read_record(p, LaunchRecord)
+            for p in sorted(launch_dir(layout).glob("driver-*.json"))}
+
+
+def end_run(layout: RunLayout, state: RunState, exit_code: int, message: str) -> EndRecord:
+    """Record how the run ended; the first to end it wins. Returns the record that stands."""
+    import time
+
+    path = launch_dir(layout) / "end.json"
+    create_record(path, EndRecord(state=state, exit_code=exit_code, message=message, ended=time.time()))
+    return read_record(path, EndRecord)
+
+
+def read_end(layout: RunLayout) -> EndRecord | None:
+    path = launch_dir(layout) / "end.json"
+    return read_record(path, EndRecord) if path.exists() else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m hpc.launch.state RUN STATE [MESSAGE]`: how an sbatch script records its run's state."""
+    import argparse
+    import os
+    import time
+
+    from ..environment import SlurmEnv
+
+    ap = argparse.ArgumentParser(prog="python -m hpc.launch.state")
+    ap.add_argument("run")
+    ap.add_argument("state", choices=["running", "finished", "failed", "stopped"])
+    ap.add_argument("message", nargs="?", default="")
+    args = ap.parse_args(argv)
+    layout = RunLayout.open(args.run)
+    write_launch_record(layout, LaunchRecord(executor="sbatch", state=args.state,
+                                             job_id=SlurmEnv.from_environ().job_id, driver_pid=os.getppid(),
+                                             message=args.message, updated=time.time()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

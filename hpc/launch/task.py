@@ -1,0 +1,135 @@
+"""One task of a role: `python -m hpc.launch.task --run RUN --role NAME [--index I] -- COMMAND...`.
+
+Every executor runs each role task through this wrapper, so that every role,
+whatever its command, is registered in services/, heartbeats, has a record of
+its exit in RUN/launch/tasks/, and takes its process tree with it when it
+goes. The command runs in its own process group; signals sent to the wrapper
+(SIGTERM from scancel or the driver, SIGINT, SIGUSR2 before a time limit) are
+forwarded to that group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from ..environment import SlurmEnv
+from ..registry import Registry
+from ..runlayout import RunLayout
+from .state import TaskRecord, write_task_record
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+GRACE_S = 10.0
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # If the wrapper is SIGKILLed, the command's leader goes too (Linux only).
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def kill_group(pgid: int, grace_s: float = GRACE_S) -> None:
+    """SIGTERM the group, then SIGKILL whatever is left after `grace_s`."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def child_environment(base: dict[str, str], gpus: int, dist: dict[str, str] | None) -> dict[str, str]:
+    env = dict(base)
+    if gpus == 0:
+        # A CPU role launched from a GPU node's batch script inherits its GPUs otherwise.
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    if dist:
+        env.update(dist)
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hpc.launch.task", description=__doc__)
+    ap.add_argument("--run", required=True, help="the run directory")
+    ap.add_argument("--role", required=True)
+    ap.add_argument("--index", type=int, default=None, help="task index (default: SLURM_PROCID)")
+    ap.add_argument("--gpus", type=int, default=0, help="GPUs this task was given (0: hide all)")
+    ap.add_argument("--dist", action="store_true", help="set RANK, WORLD_SIZE, MASTER_ADDR, ... for torch")
+    ap.add_argument("--restarts", type=int, default=0, help="how often this task was restarted before")
+    ap.add_argument("--heartbeat-s", type=float, default=5.0)
+    ap.add_argument("command", nargs=argparse.REMAINDER)
+    args = ap.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        ap.error("no command given after --")
+
+    slurm = SlurmEnv.from_environ()
+    index = args.index if args.index is not None else (slurm.proc_id or 0)
+    layout = RunLayout.open(args.run)
+    dist = None
+    if args.dist:
+        from .distenv import detect
+        found = detect(dict(os.environ))
+        dist = found.to_environ() if found else None
+    env = child_environment(dict(os.environ), args.gpus, dist)
+    env.update(AGENTRL_RUN_DIR=str(layout.root), AGENTRL_ROLE=args.role, AGENTRL_TASK_INDEX=str(index))
+
+    registry = Registry(layout.services_dir)
+    service = registry.register(args.role, index, host=socket.gethostname())
+    record = TaskRecord(role=args.role, index=index, state="running", restarts=args.restarts,
+                        started=time.time(), command=command, node=slurm.node or socket.gethostname())
+    write_task_record(layout, record)
+
+    stop = threading.Event()
+    proc = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+    record = record.model_copy(update={"pid": proc.pid, "pgid": proc.pid})
+    write_task_record(layout, record)
+
+    def forward(signum, _frame):
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+
+    def beat():
+        nonlocal service
+        while not stop.wait(args.heartbeat_s):
+            service = registry.heartbeat(service)
+    threading.Thread(target=beat, daemon=True).start()
+
+    try:
+        rc = proc.wait()
+    finally:
+        stop.set()
+        kill_group(proc.pid)   # whatever the command left behind in its group
+        registry.deregister(service)
+    code = rc if rc >= 0 else 128 - rc
+    write_task_record(layout, record.model_copy(update={
+        "state": "exited", "exit_code": code, "ended": time.time(),
+        "signal": signal.Signals(-rc).name if rc < 0 else None}))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""A role program for launcher tests: reports what it was given, then behaves like its role.
+
+trainer: all-reduces over gloo with its peers, then waits for RUN/probe/finish (or exits 3 on
+         RUN/probe/fail) and ends the run; SIGUSR2 makes it write a checkpoint marker.
+others:  run until they are signalled.
+"""
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def main() -> int:
+    run = Path(os.environ["AGENTRL_RUN_DIR"])
+    role, index = os.environ["AGENTRL_ROLE"], os.environ["AGENTRL_TASK_INDEX"]
+    out = run / "probe"
+    out.mkdir(exist_ok=True)
+    seen = {"role": role, "index": int(index), "pid": os.getpid(), "host": socket.gethostname(),
+            "node": os.environ.get("SLURMD_NODENAME", "local"),
+            "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+            "cpus": os.environ.get("SLURM_CPUS_PER_TASK"), "restarts": None}
+    signal.signal(signal.SIGUSR2, lambda *_: (out / f"checkpoint-{role}-{index}").write_text("1"))
+    if role == "trainer":
+        import torch
+        import torch.distributed as dist
+
+        from hpc.launch.distenv import init_process_group
+        env = init_process_group("gloo", timeout=timedelta(seconds=60))
+        t = torch.tensor([float(env.rank + 1)])
+        dist.all_reduce(t)
+        seen.update(rank=env.rank, world_size=env.world_size, allreduce=t.item())
+        (out / f"{role}-{index}.json").write_text(json.dumps(seen))
+        while not (out / "finish").exists():
+            if (out / "fail").exists():
+                return 3
+            time.sleep(0.1)
+        dist.destroy_process_group()
+        return 0
+    (out / f"{role}-{index}-{os.getpid()}.json").write_text(json.dumps(seen))
+    while True:
+        time.sleep(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

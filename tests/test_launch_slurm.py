@@ -1,0 +1,98 @@
+"""The three-role plan through the sbatch and submitit executors, on the local Slurm cluster."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import yaml
+from test_launch_local import (
+    ROOT,
+    probes,
+    processes_mentioning,
+    three_role_config,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slurm
+
+
+def agentrl(env, *args):
+    return subprocess.run([sys.executable, "-m", "agentrl.cli", *args], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=ROOT)
+
+
+def squeue_empty(env, job_ids: str) -> bool:
+    out = subprocess.run(["squeue", "-h", "-j", job_ids], capture_output=True, text=True, env=env).stdout
+    return not out.strip()
+
+
+def launch(env, tmp_path, executor, with_partitions=True):
+    run = tmp_path / "run"
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump(three_role_config(run, with_partitions)))
+    r = agentrl(env, "launch", str(cfg), "--executor", executor)
+    assert r.returncode == 0, r.stderr
+    rec = json.loads((run / "launch" / "run.json").read_text())
+    return run, rec["job_id"]
+
+
+def check_placement(run):
+    trainers = wait_for(lambda: len(probes(run, "trainer")) == 2 and probes(run, "trainer"), 120,
+                        "trainer ranks")
+    assert sorted(t["rank"] for t in trainers) == [0, 1]
+    assert all(t["world_size"] == 2 and t["allreduce"] == 3.0 and t["node"] == "gpu1" for t in trainers)
+    (inference,) = wait_for(lambda: probes(run, "inference"), 60, "inference")
+    pool = wait_for(lambda: len(probes(run, "pool")) == 2 and probes(run, "pool"), 60, "pool")
+    assert inference["node"] == "gpu1" and sorted(p["node"] for p in pool) == ["cpu1", "cpu2"]
+    gpu_sets = [set(t["gpus"].split(",")) for t in trainers] + [set(inference["gpus"].split(","))]
+    assert [len(s) for s in gpu_sets] == [1, 1, 2] and len(set.union(*gpu_sets)) == 4, gpu_sets
+    assert all(p["gpus"] == "" and p["cpus"] == "2" for p in pool)
+    assert all(t["cpus"] == "1" for t in trainers)
+    return pool
+
+
+@pytest.mark.parametrize("executor", ["sbatch", "submitit"])
+def test_three_roles_run_restart_and_finish(slurm_env, tmp_path, executor):
+    # sbatch discovers the partitions with sinfo; submitit is given them in the config.
+    run, jobs = launch(slurm_env, tmp_path, executor, with_partitions=executor == "submitit")
+    try:
+        pool = check_placement(run)
+        victim = next(p for p in pool if p["index"] == 1)
+        os.kill(victim["pid"], signal.SIGKILL)
+        wait_for(lambda: len(probes(run, "pool-1")) == 2, 60, "pool-1 restarted")
+        (run / "probe" / "finish").write_text("")
+        wait_for(lambda: squeue_empty(slurm_env, jobs), 90, "jobs to end")
+        status = agentrl(slurm_env, "status", str(run)).stdout
+        assert "run probe-run: finished" in status and "trainer exited with 0" in status, status
+        pool1 = next(line for line in status.splitlines() if line.startswith("pool-1 "))
+        assert pool1.split()[3] == "1", status  # one restart
+        assert wait_for(lambda: not processes_mentioning(str(run)), 30, "no process left") is True
+    finally:
+        subprocess.run(["scancel", *jobs.split(",")], env=slurm_env)
+
+
+def test_sbatch_trainer_failure_fails_the_run(slurm_env, tmp_path):
+    run, jobs = launch(slurm_env, tmp_path, "sbatch")
+    try:
+        wait_for(lambda: len(probes(run, "trainer")) == 2, 120, "trainer ranks")
+        (run / "probe" / "fail").write_text("")
+        wait_for(lambda: squeue_empty(slurm_env, jobs), 90, "job to end")
+        status = agentrl(slurm_env, "status", str(run)).stdout
+        assert "run probe-run: failed" in status and "trainer exited with 3" in status, status
+    finally:
+        subprocess.run(["scancel", jobs], env=slurm_env)
+
+
+def test_submitit_stop_cancels_and_leaves_no_process(slurm_env, tmp_path):
+    run, jobs = launch(slurm_env, tmp_path, "submitit")
+    try:
+        wait_for(lambda: len(probes(run, "pool")) == 2 and len(probes(run, "trainer")) == 2, 120, "all roles")
+        r = agentrl(slurm_env, "stop", str(run))
+        assert r.returncode == 0 and "cancelled" in r.stdout, r.stderr
+        wait_for(lambda: squeue_empty(slurm_env, jobs), 90, "jobs to end")
+        assert wait_for(lambda: not processes_mentioning(str(run)), 30, "no process left") is True
+    finally:
+        subprocess.run(["scancel", *jobs.split(",")], env=slurm_env)

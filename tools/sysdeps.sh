@@ -10,6 +10,7 @@ declare -A pkg=(
   [munged]=munge [mungekey]=munge
   [bwrap]=bubblewrap
   [mpirun]=openmpi-bin [mpicc]=libopenmpi-dev
+  [shellcheck]=shellcheck
 )
 missing=()
 for cmd in "${!pkg[@]}"; do command -v "$cmd" >/dev/null || missing+=("$cmd"); done

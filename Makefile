@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-unit sysdeps venv cluster-up cluster-down bench lint clean
+.PHONY: test test-unit sysdeps venv cluster-up cluster-down bench lint clean scripts
 
 test: sysdeps venv cluster-up
 	$(BIN)/pytest $(PYTEST_ARGS)
@@ -40,3 +40,7 @@ lint: venv
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis
+
+# slurm/*.sbatch from configs/cluster-*.yaml (a test fails when they are stale)
+scripts: venv
+	$(BIN)/python tools/render_slurm_scripts.py

@@ -81,9 +81,10 @@ class Driver:
             if unit.index is not None:
                 ids = ids[unit.index * role.gpus_per_task:(unit.index + 1) * role.gpus_per_task]
             return start_local(unit, role, gpu_ids=ids, **common)
-        nodes = self.nodes_by_partition.get(role.partition, [])
+        first = self.plan.component_of(unit.role).offsets[unit.role]
+        nodes = self.nodes_by_partition.get(role.partition, [])[first:first + role.nodes]
         if unit.index is None:
-            nodelist = ",".join(nodes[:role.nodes]) or None
+            nodelist = ",".join(nodes) or None
         else:
             nodelist = nodes[unit.index % role.nodes] if nodes else None
         return start_srun(unit, role, nodelist=nodelist, **common)

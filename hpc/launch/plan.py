@@ -76,7 +76,12 @@ class Role(BaseModel):
 
 
 class Component(BaseModel):
-    """One het-job component: the roles of one partition, and what each node must offer them."""
+    """One het-job component: the roles of one partition, and what each node must offer them.
+
+    Roles of a partition share its nodes when their needs fit on one node
+    together; otherwise each role gets nodes of its own, `offsets[role]` being
+    the index of its first node among the component's nodes.
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -87,6 +92,33 @@ class Component(BaseModel):
     mem_mb_per_node: int
     gpus_per_node: int
     roles: list[str]
+    offsets: dict[str, int]
+
+
+def _need(roles: list[Role]) -> list[tuple[int, int, int]]:
+    return [(r.tasks_per_node * r.cpus_per_task, r.tasks_per_node * r.mem_per_task_mb,
+             r.tasks_per_node * r.gpus_per_task) for r in roles]
+
+
+def _fits_on_node(need: tuple[int, int, int], part: Partition) -> bool:
+    return all(n <= h for n, h in zip(need, (part.cpus_per_node, part.mem_mb, part.gpus_per_node), strict=True))
+
+
+def layout_component(index: int, partition: str, names: list[str], roles: list[Role],
+                     part: Partition | None) -> Component:
+    """Shared nodes if everything fits on one node together, else disjoint nodes per role."""
+    needs = _need(roles)
+    shared = tuple(map(sum, zip(*needs, strict=True)))
+    if part is None or _fits_on_node(shared, part) or len(roles) == 1:
+        return Component(index=index, partition=partition, nodes=max(r.nodes for r in roles),
+                         cpus_per_node=shared[0], mem_mb_per_node=shared[1], gpus_per_node=shared[2],
+                         roles=names, offsets=dict.fromkeys(names, 0))
+    offsets, nxt = {}, 0
+    for name, role in zip(names, roles, strict=True):
+        offsets[name], nxt = nxt, nxt + role.nodes
+    peak = tuple(map(max, zip(*needs, strict=True)))
+    return Component(index=index, partition=partition, nodes=nxt, cpus_per_node=peak[0],
+                     mem_mb_per_node=peak[1], gpus_per_node=peak[2], roles=names, offsets=offsets)
 
 
 class Plan(BaseModel):
@@ -127,33 +159,26 @@ class Plan(BaseModel):
         errors = []
         for comp in self.components():
             part = self.partitions[comp.partition]
+            roles = "+".join(comp.roles)
+            if comp.nodes > len(part.nodes):
+                errors.append(f"roles.{roles}: together they do not fit on one node of partition "
+                              f"{comp.partition!r}, and apart they need {comp.nodes} nodes; it has "
+                              f"{len(part.nodes)}")
             for what, need, have in [("CPUs", comp.cpus_per_node, part.cpus_per_node),
                                      ("MB of memory", comp.mem_mb_per_node, part.mem_mb),
                                      ("GPUs", comp.gpus_per_node, part.gpus_per_node)]:
                 if need > have:
-                    errors.append(f"roles.{'+'.join(comp.roles)}: need {need} {what} per node of partition "
+                    errors.append(f"roles.{roles}: need {need} {what} per node of partition "
                                   f"{comp.partition!r}, which has {have}; use fewer tasks per node or more nodes")
         return errors
 
     def components(self) -> list[Component]:
-        """Roles grouped by partition, in the order of first appearance.
-
-        Roles that share a partition may share nodes, so a component asks each
-        node for the sum of what its roles need there.
-        """
+        """Roles grouped by partition, in the order of first appearance."""
         by_part: dict[str, list[str]] = {}
         for name, role in self.roles.items():
             by_part.setdefault(role.partition, []).append(name)
-        out = []
-        for i, (part, names) in enumerate(by_part.items()):
-            roles = [self.roles[n] for n in names]
-            out.append(Component(
-                index=i, partition=part, nodes=max(r.nodes for r in roles),
-                cpus_per_node=sum(r.tasks_per_node * r.cpus_per_task for r in roles),
-                mem_mb_per_node=sum(r.tasks_per_node * r.mem_per_task_mb for r in roles),
-                gpus_per_node=sum(r.tasks_per_node * r.gpus_per_task for r in roles),
-                roles=names))
-        return out
+        return [layout_component(i, part, names, [self.roles[n] for n in names], self.partitions.get(part))
+                for i, (part, names) in enumerate(by_part.items())]
 
     def component_of(self, role: str) -> Component:
         return next(c for c in self.components() if role in c.roles)

@@ -119,10 +119,11 @@ def _unit_line(plan: Plan, unit: Unit, het: bool) -> str:
     role = plan.roles[unit.role]
     comp = plan.component_of(unit.role)
     nodes = f"NODES_{comp.index}"
+    first = comp.offsets[unit.role]
     if unit.index is None:
-        nodelist = f"$(IFS=,; echo \"${{{nodes}[*]:0:{role.nodes}}}\")"
+        nodelist = f"$(IFS=,; echo \"${{{nodes}[*]:{first}:{role.nodes}}}\")"
     else:
-        nodelist = f"${{{nodes}[{unit.index % role.nodes}]}}"
+        nodelist = f"${{{nodes}[{first + unit.index % role.nodes}]}}"
     srun = srun_args(unit, role, log_dir="@LOGS@", het_group=comp.index if het else None, nodelist="@NODES@")
     cmd = [*srun, *task_command("@PYTHON@", "@RUN@", unit, role, RESTARTS)]
     text = _quote(cmd)

@@ -1,0 +1,109 @@
+"""Plans are validated before anything is submitted; scripts render from them and stay up to date."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpc.launch.plan import PlanError, load_plan
+from hpc.launch.sbatch import render_sbatch
+from hpc.launch.slurminfo import parse_sinfo
+from hpc.launch.steps import units
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from render_slurm_scripts import rendered  # noqa: E402
+
+PARTS = {"gpu": {"nodes": ["g1", "g2"], "cpus_per_node": 8, "mem_mb": 16000, "gpus_per_node": 4},
+         "cpu": {"nodes": ["c1", "c2"], "cpus_per_node": 8, "mem_mb": 8000}}
+
+
+def role(**kw):
+    return {"command": ["x"], "partition": "gpu", "restart": {"policy": "restart"}, **kw}
+
+
+def plan(**roles):
+    return load_plan({"roles": roles, "partitions": PARTS})
+
+
+def test_roles_of_a_partition_share_nodes_when_they_fit_together():
+    p = plan(trainer=role(tasks=2, gpus_per_task=1, distributed=True, restart={"policy": "fail-run"}),
+             inference=role(gpus_per_task=2), pool=role(partition="cpu", tasks=2, nodes=2, cpus_per_task=3))
+    gpu, cpu = p.components()
+    assert (gpu.nodes, gpu.gpus_per_node, gpu.cpus_per_node, gpu.offsets) == (1, 4, 3, {"trainer": 0, "inference": 0})
+    assert (cpu.nodes, cpu.cpus_per_node, cpu.mem_mb_per_node) == (2, 3, 1024)
+    assert [u.key for u in units(p)] == ["trainer", "inference-0", "pool-0", "pool-1"]
+
+
+def test_roles_that_do_not_fit_together_get_nodes_of_their_own():
+    p = plan(trainer=role(tasks=4, gpus_per_task=1), inference=role(tasks=1, gpus_per_task=4))
+    (gpu,) = p.components()
+    assert (gpu.nodes, gpu.gpus_per_node, gpu.offsets) == (2, 4, {"trainer": 0, "inference": 1})
+
+
+@pytest.mark.parametrize("roles, field", [
+    ({"pool": role(partition="cpu", gpus_per_task=1)}, "launch.roles.pool.gpus_per_task: partition 'cpu' has no GPUs"),
+    ({"pool": role(partition="cpu", tasks=3, nodes=3)}, "launch.roles.pool.nodes: 3 nodes asked"),
+    ({"pool": role(tasks=1, nodes=2)}, "launch.roles.pool.tasks: 1 tasks cannot fill 2 nodes"),
+    ({"pool": role(partition="gpux")}, "launch.roles.pool.partition: unknown partition 'gpux'"),
+    ({"pool": role(tasks=3, gpus_per_task=2)}, "need 6 GPUs per node"),
+    ({"a": role(tasks=4, gpus_per_task=1), "b": role(tasks=4, gpus_per_task=1), "c": role(gpus_per_task=4)},
+     "apart they need 3 nodes"),
+    ({"pool": {**role(), "colour": "red"}}, "launch.roles.pool.colour: unknown key"),
+    ({"pool": role(restart={"policy": "sometimes"})}, "launch.roles.pool.restart.policy"),
+    ({"pool": role(command=[])}, "launch.roles.pool.command"),
+    ({"Pool": role()}, "launch.roles.Pool: role names are lowercase"),
+    ({"pool": role(env={"BAD-NAME": "1"})}, "not valid environment variable names"),
+])
+def test_bad_plans_name_the_wrong_field(roles, field):
+    with pytest.raises(PlanError) as e:
+        plan(**roles)
+    assert field in str(e.value)
+
+
+def test_partitions_from_sinfo_output():
+    text = "gpu gpu1 8 16000 gpu:4\nall* gpu1 8 16000 gpu:4\nall* cpu1 8 8000 (null)\ncpu cpu1 8 8000 (null)\n"
+    parts = parse_sinfo(text)
+    assert parts["gpu"] == {"nodes": ["gpu1"], "cpus_per_node": 8, "mem_mb": 16000, "gpus_per_node": 4}
+    assert parts["all"]["nodes"] == ["gpu1", "cpu1"] and parts["all"]["gpus_per_node"] == 0
+
+
+def test_rendered_script_is_a_het_job_with_no_site_paths():
+    p = plan(trainer=role(tasks=2, gpus_per_task=1, distributed=True), pool=role(partition="cpu", tasks=2, nodes=2))
+    script = render_sbatch(p)
+    assert script.count("#SBATCH hetjob") == 1
+    assert "--het-group=0" in script and "--het-group=1" in script
+    for path in ("/root", "/home", "/work", "/tmp", sys.executable):
+        assert path not in script
+    assert ":-{" not in script  # a default holding braces would end at the first }
+
+
+def test_ready_scripts_in_slurm_match_their_configs():
+    stale = [str(p.relative_to(ROOT)) for p, text in rendered().items()
+             if not p.exists() or p.read_text() != text]
+    assert not stale, f"stale scripts {stale}: run `make scripts`"
+
+
+@pytest.mark.skipif(not shutil.which("shellcheck") and not __import__("os").environ.get("CI"),
+                    reason="shellcheck is not installed (make sysdeps installs it)")
+def test_scripts_pass_shellcheck(tmp_path):
+    scripts = [*ROOT.glob("slurm/*.sbatch"), ROOT / "slurm/local-cluster/cluster.sh", ROOT / "tools/sysdeps.sh"]
+    r = subprocess.run(["shellcheck", "-S", "warning", *map(str, scripts)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout
+
+
+def test_launch_dry_run_prints_the_script_and_submits_nothing(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"launch": {"roles": {"pool": role(partition="cpu")}, "partitions": PARTS}}))
+    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "launch", str(cfg), "--executor", "sbatch",
+                        "--dry-run", "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.startswith("#!/bin/bash") and "#SBATCH --partition=cpu" in r.stdout
+    assert not (tmp_path / "run").exists()
+    cfg.write_text(yaml.safe_dump({"launch": {"roles": {"pool": role(partition="cpu", gpus_per_task=1)},
+                                              "partitions": PARTS}}))
+    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "launch", str(cfg), "--dry-run"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "roles.pool.gpus_per_task" in r.stderr

@@ -96,3 +96,50 @@ def test_submitit_stop_cancels_and_leaves_no_process(slurm_env, tmp_path):
         assert wait_for(lambda: not processes_mentioning(str(run)), 30, "no process left") is True
     finally:
         subprocess.run(["scancel", *jobs.split(",")], env=slurm_env)
+
+
+def test_sbatch_requeue_signal_checkpoints_and_the_run_resumes(slurm_env, tmp_path):
+    run, job = launch(slurm_env, tmp_path, "sbatch")
+    try:
+        first = wait_for(lambda: len(probes(run, "trainer")) == 2 and probes(run, "trainer"), 120, "trainer")
+        assert not any(t["resumed"] for t in first)
+        # What Slurm sends before a time limit: SIGUSR2 to the batch shell.
+        subprocess.run(["scancel", "--batch", "--signal=USR2", job], env=slurm_env, check=True)
+        wait_for(lambda: len(list((run / "probe").glob("checkpoint-trainer-*"))) == 2, 60, "trainer checkpoints")
+        wait_for(lambda: "Restarts=1" in subprocess.run(["scontrol", "show", "job", job], env=slurm_env,
+                                                        capture_output=True, text=True).stdout, 60, "requeue")
+        # Slurm holds a requeued job ~120 s (BeginTime); a test need not wait for that.
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=slurm_env, check=True)
+        resumed = wait_for(lambda: all(t.get("resumed") for t in probes(run, "trainer"))
+                           and probes(run, "trainer"), 120, "trainer resumed")
+        assert sorted(t["rank"] for t in resumed) == [0, 1] and all(t["allreduce"] == 3.0 for t in resumed)
+        assert not list((run / "probe").glob("checkpoint-pool-*")), "only fail-run roles get SIGUSR2"
+        (run / "probe" / "finish").write_text("")
+        wait_for(lambda: squeue_empty(slurm_env, job), 90, "job to end")
+        status = agentrl(slurm_env, "status", str(run)).stdout
+        assert "run probe-run: finished" in status, status
+    finally:
+        subprocess.run(["scancel", job], env=slurm_env)
+
+
+def test_submitit_requeue_signal_checkpoints_and_the_run_resumes(slurm_env, tmp_path):
+    run, jobs = launch(slurm_env, tmp_path, "submitit")
+    gpu_job = jobs.split(",")[0]   # components in plan order: gpu first (trainer, inference), then cpu
+    try:
+        first = wait_for(lambda: len(probes(run, "trainer")) == 2 and probes(run, "trainer"), 120, "trainer")
+        assert not any(t["resumed"] for t in first)
+        # What Slurm does before a submitit job's time limit: SIGUSR2 to every process of every step.
+        subprocess.run(["scancel", "--full", "--signal=USR2", gpu_job], env=slurm_env, check=True)
+        wait_for(lambda: len(list((run / "probe").glob("checkpoint-trainer-*"))) == 2, 60, "trainer checkpoints")
+        wait_for(lambda: "Restarts=1" in subprocess.run(["scontrol", "show", "job", gpu_job], env=slurm_env,
+                                                        capture_output=True, text=True).stdout, 60, "requeue")
+        subprocess.run(["scontrol", "update", f"JobId={gpu_job}", "StartTime=now"], env=slurm_env, check=True)
+        resumed = wait_for(lambda: all(t.get("resumed") for t in probes(run, "trainer"))
+                           and probes(run, "trainer"), 120, "trainer resumed")
+        assert all(t["allreduce"] == 3.0 for t in resumed)
+        assert not list((run / "probe").glob("checkpoint-inference-*")), "only fail-run roles act on SIGUSR2"
+        (run / "probe" / "finish").write_text("")
+        wait_for(lambda: squeue_empty(slurm_env, jobs), 90, "jobs to end")
+        assert "run probe-run: finished" in agentrl(slurm_env, "status", str(run)).stdout
+    finally:
+        subprocess.run(["scancel", *jobs.split(",")], env=slurm_env)

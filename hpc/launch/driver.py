@@ -96,23 +96,42 @@ class Driver:
             executor=self.executor, state=state, job_id=self.job_id, driver_pid=os.getpid(),
             message=message, updated=self.clock()), name=name)
 
+    def _fail_run_procs(self) -> list[subprocess.Popen]:
+        return [p for r in self._running.values()
+                if self.plan.roles[r.unit.role].restart.policy is RestartPolicy.FAIL_RUN for p in r.procs]
+
+    def _signal_fail_run(self, signum: int) -> None:
+        # Each unit is its own process group: srun passes the signal on to its step's tasks,
+        # and a local task wrapper to its command.
+        for p in self._fail_run_procs():
+            try:
+                os.killpg(p.pid, signum)
+            except ProcessLookupError:
+                pass
+
     def _on_signal(self, signum, _frame) -> None:
         if signum == signal.SIGUSR2:
             # Slurm's warning before a time limit or preemption: the trainer checkpoints.
-            for r in self._running.values():
-                if self.plan.roles[r.unit.role].restart.policy is RestartPolicy.FAIL_RUN:
-                    for p in r.procs:
-                        try:
-                            os.killpg(p.pid, signal.SIGUSR2)
-                        except ProcessLookupError:
-                            pass
+            self._signal_fail_run(signal.SIGUSR2)
             return
         self._stop_reason = f"stopped by {signal.Signals(signum).name}"
+
+    def checkpoint_and_stop(self) -> None:
+        """Before a requeue: fail-run roles checkpoint (SIGUSR2, then the grace), then every unit stops."""
+        self._signal_fail_run(signal.SIGUSR2)
+        deadline = time.monotonic() + self.plan.checkpoint_grace_s
+        while time.monotonic() < deadline and any(p.poll() is None for p in self._fail_run_procs()):
+            time.sleep(POLL_S)
+        self._stop_all()
+        self._record("requeued", "checkpointed after SIGUSR2; the job requeues")
 
     def run(self) -> int:
         """Run the plan until the trainer ends, a role fails for good, or a signal stops it."""
         self._running: dict[str, Running] = {}
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
+        # Under submitit, SIGUSR2 is submitit's: it calls AllocationDriver.checkpoint, then requeues.
+        owned = (signal.SIGTERM, signal.SIGINT) if self.executor == "submitit" else \
+            (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
+        for sig in owned:
             signal.signal(sig, self._on_signal)
         self._record("running")
         for unit in units(self.plan):
@@ -198,20 +217,33 @@ def nodes_by_partition(plan: Plan, allocation: list[str]) -> dict[str, list[str]
     return {name: [n for n in allocation if n in part.nodes] for name, part in plan.partitions.items()}
 
 
-def run_in_allocation(plan_json: str, run_dir: str, python: str) -> int:
-    """Entry point of the submitit job: the driver inside the allocation."""
-    from ..environment import SlurmEnv
-    from .distenv import expand_hostlist
+class AllocationDriver:
+    """The submitit job: a Driver inside the allocation, checkpointable so that submitit
+    requeues it on SIGUSR2 (time limit or preemption) and it resumes from the run directory."""
 
-    plan = Plan.model_validate_json(plan_json)
-    allocation = expand_hostlist(os.environ.get("SLURM_JOB_NODELIST", ""))
-    driver = Driver(plan, RunLayout.open(run_dir), "submitit", python,
-                    job_id=SlurmEnv.from_environ().job_id,
-                    nodes_by_partition=nodes_by_partition(plan, allocation))
-    code = driver.run()
-    if code != 0:
-        raise SystemExit(code)
-    return code
+    def __init__(self) -> None:
+        self.driver: Driver | None = None
+
+    def __call__(self, plan_json: str, run_dir: str, python: str) -> int:
+        from ..environment import SlurmEnv
+        from .distenv import expand_hostlist
+
+        plan = Plan.model_validate_json(plan_json)
+        allocation = expand_hostlist(os.environ.get("SLURM_JOB_NODELIST", ""))
+        self.driver = Driver(plan, RunLayout.open(run_dir), "submitit", python,
+                             job_id=SlurmEnv.from_environ().job_id,
+                             nodes_by_partition=nodes_by_partition(plan, allocation))
+        code = self.driver.run()
+        if code != 0:
+            raise SystemExit(code)
+        return code
+
+    def checkpoint(self, plan_json: str, run_dir: str, python: str):
+        import submitit
+
+        if self.driver is not None:
+            self.driver.checkpoint_and_stop()
+        return submitit.helpers.DelayedSubmission(AllocationDriver(), plan_json, run_dir, python)
 
 
 def plan_path(layout: RunLayout) -> Path:

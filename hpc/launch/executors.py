@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..runlayout import RunLayout
-from .driver import Driver, plan_path, run_in_allocation
+from .driver import AllocationDriver, Driver, plan_path
 from .plan import Plan
 from .sbatch import render_sbatch
 from .state import LaunchRecord, launch_dir, write_launch_record
@@ -73,7 +73,7 @@ def submit_submitit(plan: Plan, layout: RunLayout, python: str) -> list[str]:
     for part in submitit_jobs(plan):
         ex = submitit.AutoExecutor(folder=str(layout.root / "launch" / "submitit" / "%j"), cluster="slurm")
         ex.update_parameters(**allocation_request(part))
-        job = ex.submit(run_in_allocation, part.model_dump_json(), str(layout.root), python)
+        job = ex.submit(AllocationDriver(), part.model_dump_json(), str(layout.root), python)
         ids.append(str(job.job_id))
     write_launch_record(layout, LaunchRecord(executor="submitit", state="submitted", job_id=",".join(ids),
                                              updated=time.time()))

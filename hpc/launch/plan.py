@@ -126,6 +126,9 @@ class Plan(BaseModel):
 
     name: str = "agentrl"
     time_limit_min: int = Field(60, ge=1)
+    # After SIGUSR2 (time limit or preemption near), how long fail-run roles get to checkpoint
+    # before the job requeues itself.
+    checkpoint_grace_s: float = Field(60.0, ge=0)
     roles: dict[str, Role] = Field(min_length=1)
     partitions: dict[str, Partition] = Field(min_length=1)
 

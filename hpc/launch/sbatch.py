@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shlex
 
-from .plan import Plan
+from .plan import Plan, RestartPolicy
 from .steps import ALLOCATION_VARS, Unit, srun_args, task_command, units
 
 RESTARTS = "@RESTARTS@"
@@ -26,7 +26,7 @@ run_unit() {
     "${@//@RESTARTS@/$restarts}"
     rc=$?
     echo "agentrl: $name exited with $rc (restarts so far: $restarts)"
-    [[ -e $END_FILE ]] && return   # the run is ending: no restarts
+    [[ -e $END_FILE || -e $REQUEUE_FILE ]] && return   # the run is ending or requeueing: no restarts
     case $policy in
       fail-run) end_run "$rc" "$name exited with $rc"; return ;;
       ignore) return ;;
@@ -47,10 +47,33 @@ end_run() {
 
 _MAIN_LOOP = r'''
 trap 'end_run 143 "stopped by a signal"' TERM INT
-# SIGUSR2 comes before a time limit or preemption (#SBATCH --signal): the trainer checkpoints.
-trap 'scancel --signal=USR2 "$SLURM_JOB_ID"' USR2
+# SIGUSR2 comes before a time limit or preemption (#SBATCH --signal): the fail-run roles
+# checkpoint; once they exit (or the grace runs out) the job requeues itself and the run
+# resumes from $RUN_DIR. (Slurm holds a requeued job about 120 s before it starts again.)
+# shellcheck disable=SC2317  # called by the USR2 trap
+request_requeue() {
+  echo "agentrl: SIGUSR2: checkpoint, then requeue within ${CHECKPOINT_GRACE_S}s"
+  touch "$REQUEUE_FILE"
+  requeue_deadline=$((SECONDS + CHECKPOINT_GRACE_S))
+  for step in $(squeue -h -s -j "$SLURM_JOB_ID" -o '%i %j' | awk -v roles=" $FAIL_RUN_ROLES " \
+                'index(roles, " " $2 " ") {print $1}'); do
+    scancel --signal=USR2 "$step"
+  done
+}
+trap request_requeue USR2
+# shellcheck disable=SC2317
+fail_run_units_running() {
+  local pid
+  for pid in "${FAIL_RUN_PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && return 0; done
+  return 1
+}
 "$PYTHON" -m hpc.launch.state "$RUN_DIR" running
+requeue_deadline=
 while [[ ! -e $END_FILE ]] && [[ -n $(jobs -rp) ]]; do
+  if [[ -n $requeue_deadline ]] && { ((SECONDS >= requeue_deadline)) || ! fail_run_units_running; }; then
+    end_run 0 "requeued after SIGUSR2"
+    break
+  fi
   sleep 1 & wait $!
 done
 read -r code message < "$END_FILE" 2>/dev/null || { code=0; message="every role ended"; }
@@ -60,6 +83,11 @@ scancel --signal=TERM "$SLURM_JOB_ID"
 for _ in $(seq 30); do [[ -z $(jobs -rp) ]] && break; sleep 1; done
 for pid in $(jobs -rp); do pkill -KILL -P "$pid"; kill -KILL "$pid"; done 2>/dev/null
 wait
+if [[ -e $REQUEUE_FILE ]]; then
+  "$PYTHON" -m hpc.launch.state "$RUN_DIR" requeued "$message"
+  scontrol requeue "$SLURM_JOB_ID"   # ends this job; it starts again with the same id
+  exit 0
+fi
 case $code in
   0) state=finished ;;
   143) state=stopped ;;
@@ -76,6 +104,7 @@ def _quote(cmd: list[str]) -> str:
 
 def render_sbatch(plan: Plan, *, source: str = "") -> str:
     comps = plan.components()
+    fail_run = [n for n, r in plan.roles.items() if r.restart.policy is RestartPolicy.FAIL_RUN]
     lines = ["#!/bin/bash",
              f"# agentrl-hpc: heterogeneous job for plan {plan.name!r}{f' ({source})' if source else ''}.",
              "# Rendered by `agentrl launch CONFIG --executor sbatch --dry-run`; edit freely.",
@@ -83,7 +112,8 @@ def render_sbatch(plan: Plan, *, source: str = "") -> str:
              "#        AGENTRL_PYTHON (default python3: the interpreter with agentrl-hpc installed).",
              f"#SBATCH --job-name={plan.name}",
              f"#SBATCH --time={plan.time_limit_min}",
-             "#SBATCH --signal=B:USR2@120"]
+             "#SBATCH --signal=B:USR2@120",
+             "#SBATCH --requeue"]
     for c in comps:
         if c.index:
             lines.append("#SBATCH hetjob")
@@ -94,6 +124,12 @@ def render_sbatch(plan: Plan, *, source: str = "") -> str:
               'RUN_DIR=${AGENTRL_RUN_DIR:?set AGENTRL_RUN_DIR to the run directory on the shared filesystem}',
               "PYTHON=${AGENTRL_PYTHON:-python3}",
               'END_FILE="$RUN_DIR/launch/end-$SLURM_JOB_ID"',
+              'REQUEUE_FILE="$RUN_DIR/launch/requeue-$SLURM_JOB_ID"',
+              f"CHECKPOINT_GRACE_S={plan.checkpoint_grace_s:g}",
+              f'FAIL_RUN_ROLES="{" ".join(fail_run)}"',
+              "FAIL_RUN_PIDS=()",
+              '# A requeued job keeps its id: forget how its last run ended.',
+              'rm -f "$END_FILE" "$REQUEUE_FILE"',
               "# Set for the whole allocation; a step that inherits them gets the allocation's",
               "# task counts and GPUs instead of its own.",
               f"unset {' '.join(ALLOCATION_VARS)}",
@@ -111,6 +147,8 @@ def render_sbatch(plan: Plan, *, source: str = "") -> str:
     lines.append(_HELPERS)
     for unit in units(plan):
         lines.append(_unit_line(plan, unit, het))
+        if plan.roles[unit.role].restart.policy is RestartPolicy.FAIL_RUN:
+            lines.append("FAIL_RUN_PIDS+=($!)")
     lines.append(_MAIN_LOOP)
     return "\n".join(lines)
 

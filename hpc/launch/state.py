@@ -17,7 +17,7 @@ from typing import Literal
 from ..records import Record, create_record, parse_record, read_record, write_record
 from ..runlayout import RunLayout
 
-RunState = Literal["submitted", "running", "finished", "failed", "stopped"]
+RunState = Literal["submitted", "running", "finished", "failed", "stopped", "requeued"]
 
 
 class TaskRecord(Record):
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m hpc.launch.state")
     ap.add_argument("run")
-    ap.add_argument("state", choices=["running", "finished", "failed", "stopped"])
+    ap.add_argument("state", choices=["running", "finished", "failed", "stopped", "requeued"])
     ap.add_argument("message", nargs="?", default="")
     args = ap.parse_args(argv)
     layout = RunLayout.open(args.run)

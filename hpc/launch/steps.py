@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .plan import Plan, Role
+from .plan import Plan, RestartPolicy, Role
 
 # Set by sbatch/salloc for the whole allocation; left in a step's environment
 # they override what the step asks for (srun then warns, or hands every step the
@@ -51,6 +51,8 @@ def task_command(python: str, run_dir: str, unit: Unit, role: Role, restarts: in
         cmd += ["--index", str(unit.index)]
     if role.distributed:
         cmd.append("--dist")
+    if role.restart.policy is RestartPolicy.FAIL_RUN:
+        cmd.append("--checkpoint-signal")
     return [*cmd, "--", *role.command]
 
 

@@ -4,8 +4,8 @@ Every executor runs each role task through this wrapper, so that every role,
 whatever its command, is registered in services/, heartbeats, has a record of
 its exit in RUN/launch/tasks/, and takes its process tree with it when it
 goes. The command runs in its own process group; signals sent to the wrapper
-(SIGTERM from scancel or the driver, SIGINT, SIGUSR2 before a time limit) are
-forwarded to that group.
+(SIGTERM from scancel or the driver, SIGINT, SIGHUP) are forwarded to that
+group; SIGUSR2 (before a time limit) only for roles that checkpoint.
 """
 
 from __future__ import annotations
@@ -25,17 +25,23 @@ from ..registry import Registry
 from ..runlayout import RunLayout
 from .state import TaskRecord, write_task_record
 
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
 GRACE_S = 10.0
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    # If the wrapper is SIGKILLed, the command's leader goes too (Linux only).
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
+def _prepare_child(checkpoint_signal: bool):
+    def prepare() -> None:
+        # If the wrapper is SIGKILLed, the command's leader goes too (Linux only).
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except OSError:
+            pass
+        if not checkpoint_signal:
+            # Slurm signals every process of every step before a time limit; only the roles
+            # that checkpoint should act on it, the others would die of SIGUSR2's default.
+            signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    return prepare
 
 
 def kill_group(pgid: int, grace_s: float = GRACE_S) -> None:
@@ -75,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus", type=int, default=0, help="GPUs this task was given (0: hide all)")
     ap.add_argument("--dist", action="store_true", help="set RANK, WORLD_SIZE, MASTER_ADDR, ... for torch")
     ap.add_argument("--restarts", type=int, default=0, help="how often this task was restarted before")
+    ap.add_argument("--checkpoint-signal", action="store_true",
+                    help="pass SIGUSR2 (time limit or preemption near) on to the command; else it is ignored")
     ap.add_argument("--heartbeat-s", type=float, default=5.0)
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
@@ -100,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     write_task_record(layout, record)
 
     stop = threading.Event()
-    proc = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(command, env=env, start_new_session=True,
+                            preexec_fn=_prepare_child(args.checkpoint_signal))
     record = record.model_copy(update={"pid": proc.pid, "pgid": proc.pid})
     write_task_record(layout, record)
 
@@ -111,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             pass
     for sig in FORWARDED:
         signal.signal(sig, forward)
+    signal.signal(signal.SIGUSR2, forward if args.checkpoint_signal else signal.SIG_IGN)
 
     def beat():
         nonlocal service

@@ -1,8 +1,9 @@
 """A role program for launcher tests: reports what it was given, then behaves like its role.
 
 trainer: all-reduces over gloo with its peers, then waits for RUN/probe/finish (or exits 3 on
-         RUN/probe/fail) and ends the run; SIGUSR2 makes it write a checkpoint marker.
-others:  run until they are signalled.
+         RUN/probe/fail) and ends the run. SIGUSR2 makes it "checkpoint" (a marker file) and
+         exit; started again with the marker there, it reports that it resumed.
+others:  run until they are signalled (a SIGUSR2 leaves a marker: they should never get one).
 """
 
 import json
@@ -26,7 +27,14 @@ def main() -> int:
             "node": os.environ.get("SLURMD_NODENAME", "local"),
             "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
             "cpus": os.environ.get("SLURM_CPUS_PER_TASK"), "restarts": None}
-    signal.signal(signal.SIGUSR2, lambda *_: (out / f"checkpoint-{role}-{index}").write_text("1"))
+    checkpoint = out / f"checkpoint-{role}-{index}"
+    seen["resumed"] = checkpoint.exists()
+
+    def on_usr2(*_):
+        checkpoint.write_text("1")
+        if role == "trainer":
+            os._exit(0)
+    signal.signal(signal.SIGUSR2, on_usr2)
     if role == "trainer":
         import torch
         import torch.distributed as dist

@@ -100,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         dist = found.to_environ() if found else None
     env = child_environment(dict(os.environ), args.gpus, dist)
     env.update(AGENTRL_RUN_DIR=str(layout.root), AGENTRL_ROLE=args.role, AGENTRL_TASK_INDEX=str(index))
+    shown = {k: env.get(k) for k in ("CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                      "MASTER_ADDR", "MASTER_PORT") if env.get(k) is not None}
+    print(f"agentrl task {args.role}-{index} on {slurm.node or socket.gethostname()} "
+          f"(restart {args.restarts}): {shown} run {layout.root}", file=sys.stderr, flush=True)
 
     registry = Registry(layout.services_dir)
     service = registry.register(args.role, index, host=socket.gethostname())

@@ -29,13 +29,21 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from .fsio import fsync_dir, probe_links, temp_path
-from .ledger_state import Key, Observation, Spec, TryKey, needs_deadline, summarize
-from .records import Record, create_record, read_record, write_record
+from .ledger_records import (
+    LAYOUT_VERSION,
+    ClaimRecord,
+    ClosedRecord,
+    CommitRecord,
+    FailRecord,
+    GenerationRecord,
+    LedgerManifest,
+    RolloutSpec,
+)
+from .ledger_state import Key, Observation, Spec, TryKey, claimable, needs_deadline, summarize
+from .records import create_record, read_record, write_record
 
-LAYOUT_VERSION = 1
 DEFAULT_MAX_TRIES = 3
 _WORKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 _GEN_DIR = re.compile(r"^g(\d+)$")
@@ -51,60 +59,6 @@ class StaleGeneration(Exception):
 
 class LeaseLost(StaleGeneration):
     """The claim's lease expired and another worker took the attempt over (or it was failed)."""
-
-
-# -- records ------------------------------------------------------------------
-
-class LedgerManifest(Record):
-    kind: Literal["ledger"] = "ledger"
-    layout: int = LAYOUT_VERSION
-
-
-class GenerationRecord(Record):
-    kind: Literal["generation"] = "generation"
-    generation: int
-    rollout_id: int
-
-
-class RolloutSpec(Record):
-    kind: Literal["rollout"] = "rollout"
-    rollout_id: int
-    generation: int
-    groups: list[int]
-    attempts: int
-    max_tries: int
-    opened: float
-
-
-class _AttemptRecord(Record):
-    rollout_id: int
-    generation: int
-    group: int
-    attempt: int
-    try_index: int
-    worker_id: str
-
-
-class ClaimRecord(_AttemptRecord):
-    kind: Literal["claim"] = "claim"
-    lease_s: float
-
-
-class FailRecord(_AttemptRecord):
-    kind: Literal["fail"] = "fail"
-    reason: str
-
-
-class CommitRecord(_AttemptRecord):
-    kind: Literal["commit"] = "commit"
-    ref: str
-    committed: float
-
-
-class ClosedRecord(Record):
-    kind: Literal["closed"] = "closed"
-    rollout_id: int
-    generation: int
 
 
 # -- public values -----------------------------------------------------------
@@ -342,7 +296,6 @@ class Ledger:
         return Observation(obs.newest_try, deadlines, obs.fails, obs.commits)
 
     def _relist(self, gen_dir: Path, spec: RolloutSpec) -> list[TryKey]:
-        from .ledger_state import claimable
         cands = claimable(self._state_spec(spec), self._observe(gen_dir), self._clock())
         self._rng.shuffle(cands)
         return cands

@@ -29,6 +29,15 @@ def squeue_empty(env, job_ids: str) -> bool:
     return not out.strip()
 
 
+def wait_requeued_and_restarted(env, job: str) -> None:
+    """Slurm holds a requeued job for the credential lifetime (AuthInfo cred_expire: 120 s by
+    default, 10 s on the local cluster); starting it sooner fails with "Job credential revoked"."""
+    def started_again() -> bool:
+        info = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True).stdout
+        return "Restarts=1" in info and "JobState=RUNNING" in info
+    wait_for(started_again, 120, f"job {job} to be requeued and start again")
+
+
 def launch(env, tmp_path, executor, with_partitions=True):
     run = tmp_path / "run"
     cfg = tmp_path / "run.yaml"
@@ -98,48 +107,27 @@ def test_submitit_stop_cancels_and_leaves_no_process(slurm_env, tmp_path):
         subprocess.run(["scancel", *jobs.split(",")], env=slurm_env)
 
 
-def test_sbatch_requeue_signal_checkpoints_and_the_run_resumes(slurm_env, tmp_path):
-    run, job = launch(slurm_env, tmp_path, "sbatch")
+# What Slurm does before a time limit: SIGUSR2 to the batch shell (sbatch's --signal=B:USR2@120), or
+# to every process of the job (submitit's --signal=USR2@90). Submitit's jobs come in plan order:
+# the gpu partition's (trainer, inference) first.
+@pytest.mark.parametrize("executor, scancel_scope", [("sbatch", "--batch"), ("submitit", "--full")])
+def test_requeue_signal_checkpoints_and_the_run_resumes(slurm_env, tmp_path, executor, scancel_scope):
+    run, jobs = launch(slurm_env, tmp_path, executor)
+    trainer_job = jobs.split(",")[0]
     try:
         first = wait_for(lambda: len(probes(run, "trainer")) == 2 and probes(run, "trainer"), 120, "trainer")
         assert not any(t["resumed"] for t in first)
-        # What Slurm sends before a time limit: SIGUSR2 to the batch shell.
-        subprocess.run(["scancel", "--batch", "--signal=USR2", job], env=slurm_env, check=True)
+        subprocess.run(["scancel", scancel_scope, "--signal=USR2", trainer_job], env=slurm_env, check=True)
         wait_for(lambda: len(list((run / "probe").glob("checkpoint-trainer-*"))) == 2, 60, "trainer checkpoints")
-        wait_for(lambda: "Restarts=1" in subprocess.run(["scontrol", "show", "job", job], env=slurm_env,
-                                                        capture_output=True, text=True).stdout, 60, "requeue")
-        # Slurm holds a requeued job ~120 s (BeginTime); a test need not wait for that.
-        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=slurm_env, check=True)
+        wait_requeued_and_restarted(slurm_env, trainer_job)
         resumed = wait_for(lambda: all(t.get("resumed") for t in probes(run, "trainer"))
                            and probes(run, "trainer"), 120, "trainer resumed")
         assert sorted(t["rank"] for t in resumed) == [0, 1] and all(t["allreduce"] == 3.0 for t in resumed)
-        assert not list((run / "probe").glob("checkpoint-pool-*")), "only fail-run roles get SIGUSR2"
-        (run / "probe" / "finish").write_text("")
-        wait_for(lambda: squeue_empty(slurm_env, job), 90, "job to end")
-        status = agentrl(slurm_env, "status", str(run)).stdout
-        assert "run probe-run: finished" in status, status
-    finally:
-        subprocess.run(["scancel", job], env=slurm_env)
-
-
-def test_submitit_requeue_signal_checkpoints_and_the_run_resumes(slurm_env, tmp_path):
-    run, jobs = launch(slurm_env, tmp_path, "submitit")
-    gpu_job = jobs.split(",")[0]   # components in plan order: gpu first (trainer, inference), then cpu
-    try:
-        first = wait_for(lambda: len(probes(run, "trainer")) == 2 and probes(run, "trainer"), 120, "trainer")
-        assert not any(t["resumed"] for t in first)
-        # What Slurm does before a submitit job's time limit: SIGUSR2 to every process of every step.
-        subprocess.run(["scancel", "--full", "--signal=USR2", gpu_job], env=slurm_env, check=True)
-        wait_for(lambda: len(list((run / "probe").glob("checkpoint-trainer-*"))) == 2, 60, "trainer checkpoints")
-        wait_for(lambda: "Restarts=1" in subprocess.run(["scontrol", "show", "job", gpu_job], env=slurm_env,
-                                                        capture_output=True, text=True).stdout, 60, "requeue")
-        subprocess.run(["scontrol", "update", f"JobId={gpu_job}", "StartTime=now"], env=slurm_env, check=True)
-        resumed = wait_for(lambda: all(t.get("resumed") for t in probes(run, "trainer"))
-                           and probes(run, "trainer"), 120, "trainer resumed")
-        assert all(t["allreduce"] == 3.0 for t in resumed)
-        assert not list((run / "probe").glob("checkpoint-inference-*")), "only fail-run roles act on SIGUSR2"
+        others = [*(run / "probe").glob("checkpoint-pool-*"), *(run / "probe").glob("checkpoint-inference-*")]
+        assert not others, "only fail-run roles act on SIGUSR2"
         (run / "probe" / "finish").write_text("")
         wait_for(lambda: squeue_empty(slurm_env, jobs), 90, "jobs to end")
-        assert "run probe-run: finished" in agentrl(slurm_env, "status", str(run)).stdout
+        status = agentrl(slurm_env, "status", str(run)).stdout
+        assert "run probe-run: finished" in status, status
     finally:
         subprocess.run(["scancel", *jobs.split(",")], env=slurm_env)

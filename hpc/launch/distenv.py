@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from itertools import product
 
-PORT_BASE, PORT_RANGE, JOB_STRIDE = 20000, 40000, 1009  # see master_port
+# [20000, 32000): below Linux's ephemeral ports (32768 and up), which any socket may be holding.
+PORT_BASE, PORT_RANGE, JOB_STRIDE = 20000, 12000, 1009  # see master_port
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,8 @@ def master_port(job_id: str | int, step_id: str | int | None) -> int:
     # The step is added, not hashed: steps 0..999 of one job get 1000 distinct ports, so the
     # concurrent steps of one allocation (trainer, inference, eval) cannot collide. The job id
     # is multiplied by a prime stride instead of taken modulo the range: jobs that share a node
-    # at the same time have nearby ids, and with stride 1009 any two jobs < 79 ids apart start
-    # >= 360 ports apart, so their steps 0..359 never collide (tested); farther jobs rarely do.
+    # at the same time have nearby ids, and with stride 1009 any two jobs < 107 ids apart start
+    # >= 100 ports apart, so their steps 0..99 never collide (tested); farther jobs rarely do.
     return PORT_BASE + (job * JOB_STRIDE + step) % PORT_RANGE
 
 

@@ -1,0 +1,61 @@
+"""The records of the rollout ledger (hpc.ledger): one small file each, validated on read."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from .records import Record
+
+LAYOUT_VERSION = 1
+
+
+class LedgerManifest(Record):
+    kind: Literal["ledger"] = "ledger"
+    layout: int = LAYOUT_VERSION
+
+
+class GenerationRecord(Record):
+    kind: Literal["generation"] = "generation"
+    generation: int
+    rollout_id: int
+
+
+class RolloutSpec(Record):
+    kind: Literal["rollout"] = "rollout"
+    rollout_id: int
+    generation: int
+    groups: list[int]
+    attempts: int
+    max_tries: int
+    opened: float
+
+
+class _AttemptRecord(Record):
+    rollout_id: int
+    generation: int
+    group: int
+    attempt: int
+    try_index: int
+    worker_id: str
+
+
+class ClaimRecord(_AttemptRecord):
+    kind: Literal["claim"] = "claim"
+    lease_s: float
+
+
+class FailRecord(_AttemptRecord):
+    kind: Literal["fail"] = "fail"
+    reason: str
+
+
+class CommitRecord(_AttemptRecord):
+    kind: Literal["commit"] = "commit"
+    ref: str
+    committed: float
+
+
+class ClosedRecord(Record):
+    kind: Literal["closed"] = "closed"
+    rollout_id: int
+    generation: int

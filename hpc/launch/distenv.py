@@ -185,7 +185,7 @@ def node_rank_of(leaders: list[int], leader: int) -> int:
     return sorted(set(leaders)).index(leader)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     # Released before torch binds it: another process could take it in between (set MASTER_PORT).
     with socket.socket() as s:
         s.bind(("", 0))
@@ -212,7 +212,7 @@ def from_mpi(comm=None, environ: Mapping[str, str] | None = None) -> DistEnv:
     # The hostname, not its local resolution: on Debian it resolves to 127.0.1.1 on its own host.
     addr = env.get("MASTER_ADDR") or comm.bcast(socket.gethostname() if rank == 0 else None, root=0)
     port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else comm.bcast(
-        _free_port() if rank == 0 else None, root=0)
+        free_port() if rank == 0 else None, root=0)
     return DistEnv(rank=rank, world_size=size, local_rank=local_rank, local_world_size=local_size,
                    master_addr=addr, master_port=port, node_rank=node_rank)
 

@@ -60,7 +60,8 @@ class Driver:
     job_id: str | None = None
     nodes_by_partition: dict[str, list[str]] = field(default_factory=dict)
     clock: Callable[[], float] = time.time
-    _stop_reason: str | None = None
+    _stop_reason: str | None = field(default=None, init=False)
+    _running: dict[str, Running] = field(default_factory=dict, init=False)
 
     def _gpu_ids(self) -> dict[str, list[int]]:
         """Locally, GPUs are handed out in plan order: disjoint by construction."""
@@ -127,7 +128,6 @@ class Driver:
 
     def run(self) -> int:
         """Run the plan until the trainer ends, a role fails for good, or a signal stops it."""
-        self._running: dict[str, Running] = {}
         # Under submitit, SIGUSR2 is submitit's: it calls AllocationDriver.checkpoint, then requeues.
         owned = (signal.SIGTERM, signal.SIGINT) if self.executor == "submitit" else \
             (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)

@@ -8,12 +8,11 @@ functions build the command lines; the sbatch renderer and the driver share them
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .distenv import free_port
 from .plan import Plan, RestartPolicy, Role
 
 # Set by sbatch/salloc for the whole allocation; left in a step's environment
@@ -83,12 +82,6 @@ def step_environment(base: dict[str, str], role: Role) -> dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_local(unit: Unit, role: Role, *, python: str, run_dir: str, log_dir: Path, restarts: int,
                 gpu_ids: list[int]) -> list[subprocess.Popen]:
     """Start a unit as local processes, each in its own session; GPU ids are handed out by the caller."""
@@ -117,7 +110,3 @@ def start_srun(unit: Unit, role: Role, *, python: str, run_dir: str, log_dir: Pa
     cmd += task_command(python, run_dir, unit, role, restarts)
     env = step_environment(dict(os.environ), role)
     return [subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True)]
-
-
-def default_python() -> str:
-    return sys.executable

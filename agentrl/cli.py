@@ -49,6 +49,29 @@ def _ledger_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_convert(sub) -> None:
+    from .swe import harbor
+
+    conv = sub.add_parser("convert", help="convert task datasets to JSONL prompt data")
+    conv_sub = conv.add_subparsers(dest="convert_command", required=True)
+    h = conv_sub.add_parser("harbor", help="Harbor task directories -> one JSONL line per task",
+                            description=harbor.__doc__)
+    harbor.add_arguments(h)
+    h.set_defaults(func=harbor.run)
+
+
+def _add_images_parser(sub) -> None:
+    from hpc.images.build import add_arguments, run
+
+    img = sub.add_parser("images", help="turn task images into rootfs directories or SIFs, in a cache",
+                         description="Build task images (OCI layouts, docker/oci-archives, registry references) "
+                                     "into a content-addressed cache; see hpc/images/build.py.")
+    img_sub = img.add_subparsers(dest="images_command", required=True)
+    b = img_sub.add_parser("build", help="build images into the cache and print their paths")
+    add_arguments(b)
+    b.set_defaults(func=run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agentrl", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -71,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .launch_commands import add_parsers
     add_parsers(sub)
+    _add_convert(sub)
+    _add_images_parser(sub)
     return p
 
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from ..procs import kill_group
 from ..runlayout import RunLayout
 from .plan import Plan, RestartPolicy
 from .state import LaunchRecord, end_run, read_end, read_task_records, write_launch_record
 from .steps import Unit, start_local, start_srun, units
-from .task import kill_group
 
 POLL_S = 0.2
 

@@ -21,12 +21,12 @@ import threading
 import time
 
 from ..environment import SlurmEnv
+from ..procs import kill_group
 from ..registry import Registry
 from ..runlayout import RunLayout
 from .state import TaskRecord, write_task_record
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
-GRACE_S = 10.0
 _PR_SET_PDEATHSIG = 1
 
 
@@ -42,25 +42,6 @@ def _prepare_child(checkpoint_signal: bool):
             # that checkpoint should act on it, the others would die of SIGUSR2's default.
             signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     return prepare
-
-
-def kill_group(pgid: int, grace_s: float = GRACE_S) -> None:
-    """SIGTERM the group, then SIGKILL whatever is left after `grace_s`."""
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def child_environment(base: dict[str, str], gpus: int, dist: dict[str, str] | None) -> dict[str, str]:

@@ -1,0 +1,337 @@
+"""Harbor task directories -> JSONL prompt data, one line per task.
+
+A Harbor task is a directory: instruction.md (the prompt), task.toml (timeouts,
+resources, image), environment/ (Dockerfile or a prebuilt image named in
+task.toml), tests/test.sh (+ config.json and helpers) and solution/solve.sh.
+Every file is read as bytes and decoded as strict UTF-8, so the prompt and the
+verifier files travel byte for byte (CRLF kept). The output is reproducible:
+sorted keys, tasks sorted by instance_id, no timestamps, gzip with mtime 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from pydantic import ValidationError
+
+from hpc.fsio import write_atomic
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (setup.cfg allows it): the same parser, from PyPI
+    import tomli as tomllib
+
+from .task import HOST_IMAGE, TaskSpec, encode_payload
+
+BUNDLED_TASKS = Path(__file__).resolve().parents[2] / "tasks"
+
+# Where Harbor puts things inside the environment (harbor EnvironmentPaths):
+# the verifier uploads tests/ to /tests and runs `bash /tests/test.sh`, which
+# writes /logs/verifier/reward.txt or reward.json.
+TESTS_DIR = "/tests"
+VERIFIER_LOGS_DIR = "/logs/verifier"
+EVAL_COMMAND = ["bash", f"{TESTS_DIR}/test.sh"]
+
+# Harbor's defaults (harbor.models.task.config); the agent timeout has none.
+DEFAULT_VERIFIER_TIMEOUT_S = 600.0
+DEFAULT_CPUS = 1
+DEFAULT_MEMORY_MB = 2048
+
+
+class HarborTaskError(ValueError):
+    """A task directory that cannot be converted; the message starts with the offending path."""
+
+    def __init__(self, path: Path, problem: str):
+        self.path = Path(path)
+        super().__init__(f"{path}: {problem}")
+
+
+def read_text(path: Path) -> str:
+    """The file's exact text: strict UTF-8, no newline translation."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise HarborTaskError(path, "is missing") from None
+    except OSError as e:
+        raise HarborTaskError(path, f"cannot be read ({e.strerror})") from None
+    try:
+        return raw.decode("utf-8", errors="strict")
+    except UnicodeDecodeError as e:
+        raise HarborTaskError(path, f"is not UTF-8 (bad byte at offset {e.start})") from None
+
+
+def _section(cfg: dict, name: str, path: Path) -> dict:
+    value = cfg.get(name, {})
+    if not isinstance(value, dict):
+        raise HarborTaskError(path, f"[{name}] must be a table, got {type(value).__name__}")
+    return value
+
+
+def _positive(table: dict, section: str, key: str, path: Path, default: float | None) -> float:
+    value = table.get(key, default)
+    if value is None:
+        raise HarborTaskError(path, f"[{section}] {key} is missing (seconds, a positive number)")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise HarborTaskError(path, f"[{section}] {key} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _size_mb(text: str, path: Path) -> int:
+    """Harbor's deprecated `memory = "2G"` spelling."""
+    units = {"G": 1024.0, "M": 1.0, "K": 1 / 1024}
+    s = text.strip().upper()
+    try:
+        return int(float(s[:-1]) * units[s[-1:]])
+    except (KeyError, ValueError):
+        raise HarborTaskError(path, f"[environment] memory {text!r} is not a size like '2G' or '512M'") from None
+
+
+def parse_dockerfile(text: str) -> tuple[str | None, str | None, list[str]]:
+    """(FROM image, last absolute WORKDIR, instructions that need a build) of a Dockerfile.
+
+    A Dockerfile with only FROM/WORKDIR/LABEL names a prebuilt image we can use
+    as is; anything else (RUN, COPY, ENV, ...) changes the image, so its FROM
+    alone would be the wrong environment.
+    """
+    image = workdir = None
+    needs_build: list[str] = []
+    for line in text.splitlines():
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        op, args = words[0].upper(), words[1:]
+        if op == "FROM":
+            args = [a for a in args if not a.startswith("--")]
+            if image is not None or not args:
+                needs_build.append("multi-stage FROM")
+            image = args[0] if args else None
+        elif op == "WORKDIR" and args and args[-1].startswith("/"):
+            workdir = args[-1]
+        elif op not in ("LABEL", "MAINTAINER", "WORKDIR"):
+            needs_build.append(op)
+    return image, workdir, needs_build
+
+
+def _image_and_workdir(env: dict, task_dir: Path, toml_path: Path) -> tuple[str, str]:
+    dockerfile = task_dir / "environment" / "Dockerfile"
+    df_image = df_workdir = None
+    needs_build: list[str] = []
+    if dockerfile.exists():
+        df_image, df_workdir, needs_build = parse_dockerfile(read_text(dockerfile))
+    image = env.get("docker_image")
+    if image is None:
+        if df_image is None:
+            raise HarborTaskError(toml_path, "no image: set [environment] docker_image "
+                                             f"(or give {dockerfile} a FROM line)")
+        if needs_build:
+            raise HarborTaskError(dockerfile, f"needs a build ({', '.join(sorted(set(needs_build)))}): build it, "
+                                              f"push it, and name it in {toml_path} [environment] docker_image")
+        image = df_image
+    if not isinstance(image, str) or not image.strip():
+        raise HarborTaskError(toml_path, f"[environment] docker_image must be an image reference, got {image!r}")
+    # `workdir` is our extension (Harbor ignores keys it does not know); Harbor
+    # itself takes the working directory from the image's WORKDIR.
+    workdir = env.get("workdir", df_workdir)
+    if workdir is None:
+        raise HarborTaskError(toml_path, "no working directory: set [environment] workdir "
+                                         f"(or a WORKDIR in {dockerfile})")
+    if not isinstance(workdir, str) or not PurePosixPath(workdir).is_absolute():
+        raise HarborTaskError(toml_path, f"[environment] workdir must be an absolute path, got {workdir!r}")
+    return image, workdir
+
+
+def parse_task_toml(text: str, task_dir: Path, toml_path: Path) -> dict[str, Any]:
+    """The parts of task.toml a TaskSpec needs, with Harbor's defaults."""
+    try:
+        cfg = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise HarborTaskError(toml_path, f"is not valid TOML ({e})") from None
+    agent, verifier = _section(cfg, "agent", toml_path), _section(cfg, "verifier", toml_path)
+    env, meta = _section(cfg, "environment", toml_path), _section(cfg, "metadata", toml_path)
+    image, workdir = _image_and_workdir(env, task_dir, toml_path)
+    memory_mb = env.get("memory_mb")
+    if memory_mb is None:
+        memory_mb = _size_mb(env["memory"], toml_path) if isinstance(env.get("memory"), str) else DEFAULT_MEMORY_MB
+    verifier_env = verifier.get("env", {})
+    if not isinstance(verifier_env, dict) or not all(isinstance(v, str) for v in verifier_env.values()):
+        raise HarborTaskError(toml_path, "[verifier] env must be a table of strings")
+    base_commit = meta.get("base_commit")
+    return {
+        "image": image,
+        "workdir": workdir,
+        "timeouts": {"agent_s": _positive(agent, "agent", "timeout_sec", toml_path, None),
+                     "eval_s": _positive(verifier, "verifier", "timeout_sec", toml_path,
+                                         DEFAULT_VERIFIER_TIMEOUT_S)},
+        "resources": {"cpus": env.get("cpus", DEFAULT_CPUS), "mem_mb": memory_mb},
+        "base_commit": base_commit if isinstance(base_commit, str) else None,
+        # agentrl keys in [metadata], which Harbor leaves free-form
+        "reset_to_base_commit": meta.get("reset_to_base_commit", False),
+        "files_to_exclude_from_patch": meta.get("files_to_exclude_from_patch", []),
+        "name": _section(cfg, "task", toml_path).get("name"),
+        "verifier_env": dict(sorted(verifier_env.items())),
+    }
+
+
+def _payloads(directory: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
+    """Every file under `directory` (relative path -> payload), binary ones too; no bytecode caches."""
+    out = {}
+    for p in sorted(directory.rglob("*")):
+        rel = p.relative_to(directory).as_posix()
+        if p.is_file() and rel not in skip and "__pycache__" not in p.parts:
+            out[rel] = encode_payload(p.read_bytes())
+    return out
+
+
+def _testbed_files(task_dir: Path, image: str) -> dict[str, str] | None:
+    """For a "host" task, the repository (environment/repo/) that the sandbox puts at workdir.
+
+    A host task has no image to carry its repository, so the JSONL line does:
+    each line is then all a rollout worker needs, wherever the tasks/ tree is.
+    """
+    if image != HOST_IMAGE:
+        return None
+    repo = task_dir / "environment" / "repo"
+    if not repo.is_dir():
+        raise HarborTaskError(repo, f"is missing: a task with docker_image = {HOST_IMAGE!r} brings its repository")
+    return _payloads(repo)
+
+
+def _validate(data: dict[str, Any], task_dir: Path, toml_path: Path) -> TaskSpec:
+    """The TaskSpec; an error names the file and key it came from, which is what to edit."""
+    sources = {
+        "prompt": (task_dir / "instruction.md", "the instruction"),
+        "image": (toml_path, "[environment] docker_image"),
+        "workdir": (toml_path, "[environment] workdir"),
+        "timeouts.agent_s": (toml_path, "[agent] timeout_sec"),
+        "timeouts.eval_s": (toml_path, "[verifier] timeout_sec"),
+        "resources.cpus": (toml_path, "[environment] cpus"),
+        "resources.mem_mb": (toml_path, "[environment] memory_mb"),
+        "base_commit": (toml_path, "[metadata] base_commit"),
+        "reset_to_base_commit": (toml_path, "[metadata] reset_to_base_commit"),
+        "files_to_exclude_from_patch": (toml_path, "[metadata] files_to_exclude_from_patch"),
+    }
+    try:
+        return TaskSpec.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field_ = ".".join(map(str, err["loc"]))
+        path, key = sources.get(field_, (toml_path, field_))
+        raise HarborTaskError(path, f"{key}: {err['msg']}") from None
+
+
+def convert_task(task_dir: Path) -> dict[str, Any]:
+    """One JSONL record for a Harbor task directory."""
+    task_dir = Path(task_dir)
+    if not task_dir.is_dir():
+        raise HarborTaskError(task_dir, "is not a directory")
+    instruction = read_text(task_dir / "instruction.md")
+    toml_path = task_dir / "task.toml"
+    parsed = parse_task_toml(read_text(toml_path), task_dir, toml_path)
+    tests_dir = task_dir / "tests"
+    test_sh = read_text(tests_dir / "test.sh")
+    config_json = read_text(tests_dir / "config.json") if (tests_dir / "config.json").exists() else None
+    solve = task_dir / "solution" / "solve.sh"
+    spec_data = {
+        "instance_id": task_dir.resolve().name,
+        "prompt": instruction,
+        "eval_command": EVAL_COMMAND,
+        **{k: parsed[k] for k in ("image", "workdir", "timeouts", "resources", "base_commit",
+                                  "reset_to_base_commit", "files_to_exclude_from_patch")},
+    }
+    spec = _validate(spec_data, task_dir, toml_path)
+    metadata = spec.model_dump(mode="json", exclude={"prompt"})
+    metadata["problem_statement"] = instruction
+    metadata["harbor"] = {
+        "config_json": config_json,
+        "test_sh": test_sh,
+        "test_files": _payloads(tests_dir, skip=("test.sh", "config.json")),
+        "testbed_files": _testbed_files(task_dir, spec.image),
+        "solve_sh": read_text(solve) if solve.exists() else None,
+        "name": parsed["name"],
+        "verifier_env": parsed["verifier_env"],
+        "tests_dir": TESTS_DIR,
+        "logs_dir": VERIFIER_LOGS_DIR,
+    }
+    return {"prompt": instruction, "metadata": metadata}
+
+
+def expand_task_dirs(paths: list[Path]) -> list[Path]:
+    """Task directories as given; a directory of task directories (a dataset) stands for its tasks."""
+    out = []
+    for p in map(Path, paths):
+        is_task = (p / "task.toml").exists() or (p / "instruction.md").exists()
+        children = [] if is_task or not p.is_dir() else sorted(
+            c for c in p.iterdir() if (c / "task.toml").exists() or (c / "instruction.md").exists())
+        out.extend(children or [p])
+    return out
+
+
+@dataclass
+class Conversion:
+    records: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[HarborTaskError] = field(default_factory=list)
+
+
+def convert_tasks(paths: list[Path]) -> Conversion:
+    """Convert every task; bad ones land in `errors`, named by path. Records sorted by instance_id."""
+    result = Conversion()
+    seen: dict[str, Path] = {}
+    for task_dir in expand_task_dirs(paths):
+        try:
+            rec = convert_task(task_dir)
+            iid = rec["metadata"]["instance_id"]
+            if iid in seen:
+                raise HarborTaskError(task_dir, f"instance_id {iid!r} is also the name of {seen[iid]}")
+        except HarborTaskError as e:
+            result.errors.append(e)
+            continue
+        seen[iid] = task_dir
+        result.records.append(rec)
+    result.records.sort(key=lambda r: r["metadata"]["instance_id"])
+    return result
+
+
+def render_jsonl(records: list[dict[str, Any]]) -> bytes:
+    # ensure_ascii: a raw U+2028 inside a JSON line is valid JSON but splits the
+    # line for readers that use str.splitlines; escapes keep one task per line.
+    return b"".join(json.dumps(r, sort_keys=True, ensure_ascii=True).encode("ascii") + b"\n" for r in records)
+
+
+def write_prompts(paths: list[Path], out: Path, on_error: str = "fail") -> Conversion:
+    """Convert and write `out` atomically. With on_error="fail", any bad task writes nothing."""
+    if on_error not in ("skip", "fail"):
+        raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
+    result = convert_tasks(paths)
+    if result.errors and on_error == "fail":
+        return result
+    write_atomic(Path(out), render_jsonl(result.records))
+    return result
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("task_dirs", nargs="+", metavar="TASK_DIR",
+                   help="Harbor task directories, or directories of them (a dataset)")
+    p.add_argument("--out", required=True, metavar="FILE.jsonl", help="output file, written atomically")
+    p.add_argument("--on-error", choices=["skip", "fail"], default="fail",
+                   help="a malformed task: skip it (reported on stderr) or write nothing (default)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Exit 0 when a file was written with at least one task, 1 otherwise."""
+    try:
+        result = write_prompts(args.task_dirs, Path(args.out), args.on_error)
+    except OSError as e:
+        print(f"{args.out}: cannot write ({e.strerror})", file=sys.stderr)
+        return 1
+    for e in result.errors:
+        print(f"{'skipped' if args.on_error == 'skip' else 'error'}: {e}", file=sys.stderr)
+    if result.errors and args.on_error == "fail":
+        print(f"{len(result.errors)} malformed task(s); {args.out} not written", file=sys.stderr)
+        return 1
+    print(f"{args.out}: {len(result.records)} task(s), {len(result.errors)} skipped", file=sys.stderr)
+    return 0 if result.records else 1

@@ -1,0 +1,115 @@
+"""The Sandbox protocol, its values, and the exec plumbing every runtime shares."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..procs import group_alive, kill_group
+
+AGENT_UID = 1000
+AGENT_GID = 1000
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+KILL_GRACE_S = 2.0
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (did not boot, left processes behind): an infrastructure failure."""
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    duration_s: float
+    timed_out: bool = False
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What to run a sandbox from.
+
+    `rootfs`: a rootfs directory (an image extracted by hpc.images), or None for the
+    host's own /usr, read-only (the embedded default's bundled tasks need only Python).
+    `workdir`: the task's work tree inside the sandbox; `workdir_source`: the host
+    directory it starts as (copied on write: the source is never changed).
+    """
+
+    workdir: str = "/testbed"
+    workdir_source: str | None = None
+    rootfs: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    # Host path -> sandbox path, read-only (agent CLIs, a tools directory).
+    ro_binds: Mapping[str, str] = field(default_factory=dict)
+    # The adapter's Unix socket on the host: bind-mounted in, and fronted by a TCP forwarder.
+    adapter_socket: str | None = None
+    adapter_port: int = 8000
+    scratch_dir: str | None = None   # node-local disk for the writable layer (default: a temp dir)
+
+
+class Sandbox(Protocol):
+    async def start(self) -> None: ...
+
+    async def exec(self, command: Sequence[str] | str, *, user: str = "agent", cwd: str | None = None,
+                   env: Mapping[str, str] | None = None, timeout_s: float | None = None,
+                   stdin: bytes | None = None) -> ExecResult: ...
+
+    async def write_file(self, path: str, data: bytes, *, user: str = "root", mode: int = 0o644) -> None: ...
+
+    async def read_file(self, path: str, *, user: str = "root") -> bytes: ...
+
+    async def stop(self) -> None: ...
+
+    async def __aenter__(self) -> Sandbox: ...
+
+    async def __aexit__(self, *exc) -> None: ...
+
+
+def as_argv(command: Sequence[str] | str) -> list[str]:
+    """A string is a bash command line; a sequence is argv as is."""
+    return ["/bin/bash", "-c", command] if isinstance(command, str) else list(command)
+
+
+def sandbox_env(spec_env: Mapping[str, str], extra: Mapping[str, str] | None, user: str) -> dict[str, str]:
+    """The whole environment of a command in the sandbox: nothing of the host's leaks in."""
+    home = "/root" if user == "root" else "/home/agent"
+    env = {"PATH": DEFAULT_PATH, "HOME": home, "USER": user, "LANG": "C.UTF-8", "TERM": "dumb"}
+    env.update(spec_env)
+    env.update(extra or {})
+    return env
+
+
+async def run_process(argv: list[str], *, env: Mapping[str, str], stdin: bytes | None,
+                      timeout_s: float | None) -> ExecResult:
+    """Run `argv` in a process group of its own; on timeout stop the whole group, loudly if it survives."""
+    t0 = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        *argv, env=dict(env), start_new_session=True,
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout_s)
+    except asyncio.TimeoutError:
+        gone = await asyncio.to_thread(kill_group, proc.pid, KILL_GRACE_S)
+        out, err = await proc.communicate()
+        if not gone or group_alive(proc.pid):
+            raise SandboxError(f"processes of {argv[-1]!r} survived SIGKILL after a timeout "
+                               f"(process group {proc.pid})") from None
+        return ExecResult(proc.returncode if proc.returncode is not None else -9, out, err,
+                          time.monotonic() - t0, timed_out=True)
+    except asyncio.CancelledError:
+        kill_group(proc.pid, 0)
+        raise
+    # The command may have left children in its group (a background job): they go with it.
+    if group_alive(proc.pid):
+        kill_group(proc.pid, KILL_GRACE_S)
+    return ExecResult(proc.returncode, out, err, time.monotonic() - t0)
+
+
+def host_has(path: str) -> bool:
+    return os.path.exists(path)

@@ -1,0 +1,215 @@
+"""The bubblewrap runtime for real: isolation, copy-on-write, timeouts, nothing outliving a sandbox."""
+
+import asyncio
+import http.server
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc.sandbox.base import SandboxSpec
+from hpc.sandbox.bwrap import BwrapSandbox, bwrap_argv, nsenter_argv
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0,
+                                reason="needs bubblewrap (make sysdeps) and root for overlay mounts")
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 120))
+
+
+@pytest.fixture
+def repo(tmp_path):
+    src = tmp_path / "repo"
+    src.mkdir()
+    (src / "app.py").write_text("print('hello from the sandbox')\n")
+    return src
+
+
+def sandbox_processes(marker: str) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
+
+
+def test_exec_users_cwd_env_and_no_host_environment(repo, monkeypatch):
+    monkeypatch.setenv("SECRET_TOKEN", "do-not-leak")
+
+    async def go():
+        async with BwrapSandbox(SandboxSpec(workdir_source=str(repo), env={"TASK": "t1"})) as sb:
+            r = await sb.exec("id -u; pwd; echo $TASK; echo ${SECRET_TOKEN:-none}; python3 app.py")
+            root = await sb.exec(["id", "-u"], user="root")
+            fail = await sb.exec("echo oops >&2; exit 7")
+            return r, root, fail
+    r, root, fail = run(go())
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.decode().split("\n")[:5] == ["1000", "/testbed", "t1", "none", "hello from the sandbox"]
+    assert root.stdout == b"0\n"
+    assert (fail.exit_code, fail.stderr) == (7, b"oops\n")
+
+
+def test_files_round_trip_and_copy_on_write(repo):
+    payload = os.urandom(1 << 20)
+
+    async def go():
+        async with BwrapSandbox(SandboxSpec(workdir_source=str(repo))) as a, \
+                BwrapSandbox(SandboxSpec(workdir_source=str(repo))) as b:
+            await a.write_file("/testbed/data.bin", payload, user="agent")
+            await a.exec("echo changed > app.py")
+            got = await a.read_file("/testbed/data.bin")
+            other = await b.exec("cat app.py; ls")
+            return got, other
+    got, other = run(go())
+    assert got == payload
+    assert other.stdout.decode() == "print('hello from the sandbox')\napp.py\n"   # b saw nothing of a
+    assert sorted(p.name for p in repo.iterdir()) == ["app.py"]                  # the source is untouched
+    assert (repo / "app.py").read_text() == "print('hello from the sandbox')\n"
+
+
+def test_the_image_is_read_only_and_host_files_stay_out(repo):
+    async def go():
+        async with BwrapSandbox(SandboxSpec(workdir_source=str(repo))) as sb:
+            write_usr = await sb.exec("touch /usr/x", user="root")
+            shadow = await sb.exec("cat /etc/shadow", user="root")
+            home = await sb.exec("ls /root /home")
+            return write_usr, shadow, home
+    write_usr, shadow, home = run(go())
+    assert write_usr.exit_code != 0 and b"Read-only" in write_usr.stderr
+    assert shadow.exit_code != 0           # the host's /etc is not there
+    assert home.stdout.split() == [b"/home:", b"agent", b"/root:"]
+
+
+def test_timeout_kills_the_whole_process_group(repo):
+    async def go():
+        async with BwrapSandbox(SandboxSpec(workdir_source=str(repo))) as sb:
+            r = await sb.exec("sleep 300 & sleep 301 & wait", timeout_s=1)
+            left = await sb.exec("ps -eo args", user="root")
+            return r, left
+    r, left = run(go())
+    assert r.timed_out and r.duration_s < 10
+    assert b"sleep 30" not in left.stdout, left.stdout
+
+
+def test_no_process_outlives_the_sandbox(repo):
+    async def go():
+        sb = BwrapSandbox(SandboxSpec(workdir_source=str(repo)))
+        await sb.start()
+        try:
+            # setsid escapes the process group that exec stops; the pause lets it happen before exec returns
+            await sb.exec("setsid sleep 4242 > /dev/null 2>&1 < /dev/null & sleep 0.3")
+            assert sandbox_processes("sleep 4242")
+        finally:
+            await sb.stop()
+    run(go())
+    assert not sandbox_processes("sleep 4242")
+    assert not [m for m in Path("/proc/mounts").read_text().splitlines() if f"lowerdir={repo}" in m]
+
+
+def test_a_killed_owner_takes_its_sandboxes_with_it(repo, tmp_path):
+    script = tmp_path / "owner.py"
+    script.write_text(f"""
+import asyncio, sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+from hpc.sandbox.base import SandboxSpec
+from hpc.sandbox.bwrap import BwrapSandbox
+async def main():
+    sb = BwrapSandbox(SandboxSpec(workdir_source={str(repo)!r}))
+    await sb.start()
+    await sb.exec("setsid sleep 4343 > /dev/null 2>&1 < /dev/null & sleep 0.3")
+    print("ready", flush=True)
+    await asyncio.sleep(300)
+asyncio.run(main())
+""")
+    owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE)
+    assert owner.stdout.readline() == b"ready\n"
+    assert sandbox_processes("sleep 4343")
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 10
+    while sandbox_processes("sleep 4343") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not sandbox_processes("sleep 4343")
+
+
+class Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"adapter says hi"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+class UnixHTTPServer(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_UNIX
+
+    def server_bind(self):
+        self.socket.bind(self.server_address)
+
+    def get_request(self):
+        conn, _ = self.socket.accept()
+        return conn, ("sandbox", 0)
+
+
+def serve(server):
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_network_only_the_own_adapter_is_reachable(repo, tmp_path):
+    host_http = serve(http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello))
+    host_port = host_http.server_address[1]
+    sock_a, sock_b = str(tmp_path / "a.sock"), str(tmp_path / "b.sock")
+    serve(UnixHTTPServer(sock_a, Hello))
+    serve(UnixHTTPServer(sock_b, Hello))
+    for sock in (sock_a, sock_b):
+        os.chmod(sock, 0o666)   # the agent (uid 1000) connects to it: the adapter makes its sockets so
+    curl = "python3 -c 'import sys,urllib.request as u; print(u.urlopen(sys.argv[1], timeout=5).read().decode())'"
+
+    async def go():
+        spec_a = SandboxSpec(workdir_source=str(repo), adapter_socket=sock_a, adapter_port=8001)
+        spec_b = SandboxSpec(workdir_source=str(repo), adapter_socket=sock_b, adapter_port=8002)
+        async with BwrapSandbox(spec_a) as a, BwrapSandbox(spec_b) as b:
+            own = await a.exec(f"{curl} http://127.0.0.1:8001/v1/messages")
+            via_socket = await a.exec("python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); "
+                                      "s.connect('/run/agentrl/adapter.sock'); "
+                                      "s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n'); print(s.recv(4096).decode())\"")
+            host = await a.exec(f"{curl} http://127.0.0.1:{host_port}/", timeout_s=20)
+            other = await a.exec(f"{curl} http://127.0.0.1:8002/", timeout_s=20)
+            outside = await a.exec(f"{curl} http://10.255.255.1/", timeout_s=20)
+            b_own = await b.exec(f"{curl} http://127.0.0.1:8002/")
+            return own, via_socket, host, other, outside, b_own
+    own, via_socket, host, other, outside, b_own = run(go())
+    host_http.shutdown()
+    assert own.stdout == b"adapter says hi\n", own.stderr
+    assert b"adapter says hi" in via_socket.stdout
+    assert host.exit_code != 0 and b"Connection refused" in host.stderr
+    assert other.exit_code != 0 and b"Connection refused" in other.stderr
+    assert outside.exit_code != 0 and b"unreachable" in outside.stderr.lower()
+    assert b_own.stdout == b"adapter says hi\n"
+
+
+def test_command_lines():
+    spec = SandboxSpec(workdir="/work", ro_binds={"/opt/tools": "/tools"}, adapter_socket="/run/x.sock")
+    argv = bwrap_argv(spec, workdir_host="/scratch/w", etc_host="/scratch/etc", rootfs_host=None)
+    assert argv[:2] == ["bwrap", "--unshare-all"] and "--clearenv" in argv and "--die-with-parent" in argv
+    assert ["--bind", "/scratch/w", "/work"] == argv[argv.index("/scratch/w") - 1:argv.index("/scratch/w") + 2]
+    assert ["--ro-bind", "/opt/tools", "/tools"] == argv[argv.index("/opt/tools") - 1:argv.index("/opt/tools") + 2]
+    assert "/run/agentrl/adapter.sock" in argv
+    image = bwrap_argv(SandboxSpec(), workdir_host=None, etc_host=None, rootfs_host="/cache/rootfs/x")
+    i = image.index("/cache/rootfs/x")
+    assert image[i - 1:i + 2] == ["--bind", "/cache/rootfs/x", "/"]
+    ns = nsenter_argv(42, "agent", "/work", ["ls"])
+    assert ns[:3] == ["nsenter", "-t", "42"] and ["-S", "1000", "-G", "1000"] == ns[ns.index("-S"):ns.index("-S") + 4]
+    assert ns[-3:] == ['cd "$0" && exec "$@"', "/work", "ls"]
+    with pytest.raises(ValueError):
+        run(BwrapSandbox(SandboxSpec()).exec("true", user="nobody"))
+

@@ -72,6 +72,25 @@ def _add_images_parser(sub) -> None:
     b.set_defaults(func=run)
 
 
+def _add_tasks_parser(sub) -> None:
+    t = sub.add_parser("tasks", help="check a task set before training on it")
+    t_sub = t.add_subparsers(dest="tasks_command", required=True)
+    c = t_sub.add_parser("check", help="oracle (solution) and no-op runs of each task, in real sandboxes",
+                         description="Each task's solution must pass (reward 1) and its untouched repository "
+                                     "must fail (reward 0); tasks that do not are flagged (exit 1).")
+    c.add_argument("paths", nargs="+", help="Harbor task directories, directories of them, or JSONL prompt files")
+    c.add_argument("--concurrency", type=int, default=2, help="tasks checked at once (default 2)")
+    c.add_argument("--scratch", help="node-local directory for sandbox layers (default: the temp dir)")
+    c.add_argument("--json", action="store_true", help="end with one JSON object of the results")
+
+    def run(args: argparse.Namespace) -> int:
+        from .swe.check import main as check_main
+        if args.concurrency < 1:
+            c.error("--concurrency must be at least 1")
+        return check_main(args)
+    c.set_defaults(func=run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agentrl", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -96,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_parsers(sub)
     _add_convert(sub)
     _add_images_parser(sub)
+    _add_tasks_parser(sub)
     return p
 
 

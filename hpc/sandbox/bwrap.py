@@ -14,10 +14,12 @@ process of the pid namespace: nothing outlives the sandbox.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -25,7 +27,6 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..procs import kill_group
 from .base import AGENT_GID, AGENT_UID, ExecResult, SandboxError, SandboxSpec, as_argv, run_process, sandbox_env
 from .layers import Layer, make_layer
 
@@ -208,7 +209,10 @@ class BwrapSandbox:
     def _stop(self) -> None:
         for proc in (self._forwarder, self._init):
             if proc is not None and proc.poll() is None:
-                kill_group(proc.pid, grace_s=1.0)
+                # Nothing in a finished sandbox is worth a grace period; its pid 1 going takes
+                # every process of the namespace with it.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         self._forwarder = self._init = None
         self.init_pid = None

@@ -1,0 +1,185 @@
+"""`agentrl tasks check`: each task's solution must pass and its untouched repository must fail.
+
+Like Harbor's oracle and no-op agents, run in real sandboxes: a converted data set is
+checked this way before GPU hours are spent on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hpc.sandbox.base import SandboxError, SandboxSpec
+from hpc.sandbox.bwrap import BwrapSandbox
+
+from . import episode
+from .task import HOST_IMAGE, TaskSpec, decode_payload
+
+_SPEC_KEYS = ("instance_id", "image", "workdir", "eval_command", "timeouts", "resources", "base_commit",
+              "reset_to_base_commit", "files_to_exclude_from_patch")
+
+
+@dataclass(frozen=True)
+class LoadedTask:
+    spec: TaskSpec
+    tests: dict[str, bytes]
+    solution: bytes | None
+    testbed: dict[str, bytes] | None
+    verifier_env: dict[str, str]
+
+
+def load_record(record: dict[str, Any]) -> LoadedTask:
+    """A task from one record of the prompt data (what `agentrl convert harbor` writes)."""
+    meta = record["metadata"]
+    harbor = meta["harbor"]
+    spec = TaskSpec(prompt=record["prompt"], **{k: meta[k] for k in _SPEC_KEYS if k in meta})
+    tests = {"test.sh": harbor["test_sh"].encode()}
+    if harbor.get("config_json") is not None:
+        tests["config.json"] = harbor["config_json"].encode()
+    tests.update({rel: decode_payload(p) for rel, p in (harbor.get("test_files") or {}).items()})
+    testbed = {rel: decode_payload(p) for rel, p in (harbor.get("testbed_files") or {}).items()} or None
+    solve = harbor.get("solve_sh")
+    return LoadedTask(spec, tests, solve.encode() if solve is not None else None, testbed,
+                      dict(harbor.get("verifier_env") or {}))
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    instance_id: str
+    oracle_reward: float | None
+    noop_reward: float | None
+    oracle_s: float
+    noop_s: float
+    problem: str = ""
+
+    @property
+    def flagged(self) -> bool:
+        return bool(self.problem)
+
+
+def _materialize(files: dict[str, bytes], into: Path) -> Path:
+    for rel, data in files.items():
+        path = into / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        if rel.endswith(".sh"):
+            path.chmod(0o755)
+    return into
+
+
+async def _attempt(task: LoadedTask, repo: Path | None, oracle: bool, scratch: str | None) -> float:
+    spec = task.spec
+    if spec.image != HOST_IMAGE:
+        raise SandboxError(f"{spec.instance_id}: image {spec.image!r}: only host-image tasks run here yet "
+                           "(images from hpc.images arrive in the sandbox runtime next)")
+    sb_spec = SandboxSpec(workdir=spec.workdir, workdir_source=str(repo) if repo else None, scratch_dir=scratch)
+    async with BwrapSandbox(sb_spec) as sb:
+        await episode.baseline(sb, spec)
+        if oracle:
+            await sb.write_file("/solution/solve.sh", task.solution, mode=0o755)
+            r = await episode.run_agent(sb, spec, ["bash", "/solution/solve.sh"])
+            if r.exit_code != 0:
+                raise SandboxError(f"solve.sh exited with {r.exit_code}: {r.stderr.decode(errors='replace')[-500:]}")
+        return (await episode.grade(sb, spec, task.tests, env=task.verifier_env)).reward
+
+
+async def check_task(task: LoadedTask, scratch: str | None = None) -> CheckRow:
+    tmp = Path(tempfile.mkdtemp(prefix="task-", dir=scratch))
+    try:
+        repo = _materialize(task.testbed, tmp / "repo") if task.testbed else None
+        results, times, problems = {}, {}, []
+        for mode in ("oracle", "noop"):
+            t0 = time.monotonic()
+            if mode == "oracle" and task.solution is None:
+                results[mode], times[mode] = None, 0.0
+                problems.append("no solution/solve.sh")
+                continue
+            try:
+                results[mode] = await _attempt(task, repo, mode == "oracle", scratch)
+            except SandboxError as e:
+                results[mode] = None
+                problems.append(f"{mode}: {e}")
+            times[mode] = time.monotonic() - t0
+        if results.get("oracle") is not None and results["oracle"] < 1.0:
+            problems.append(f"oracle reward {results['oracle']:g}: the solution does not pass")
+        if results.get("noop") is not None and results["noop"] > 0.0:
+            problems.append(f"no-op reward {results['noop']:g}: the untouched repository already passes")
+        return CheckRow(task.spec.instance_id, results.get("oracle"), results.get("noop"),
+                        round(times.get("oracle", 0.0), 2), round(times.get("noop", 0.0), 2), "; ".join(problems))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def check_tasks(tasks: list[LoadedTask], concurrency: int = 2, scratch: str | None = None,
+                      progress=None) -> list[CheckRow]:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(t: LoadedTask) -> CheckRow:
+        async with sem:
+            row = await check_task(t, scratch)
+        if progress:
+            progress(row)
+        return row
+    return list(await asyncio.gather(*(one(t) for t in tasks)))
+
+
+def render_table(rows: list[CheckRow]) -> str:
+    def fmt(x: float | None) -> str:
+        return "-" if x is None else f"{x:g}"
+    lines = [f"{'task':<32} {'oracle':>6} {'no-op':>6} {'oracle s':>9} {'no-op s':>8}  problem"]
+    for r in rows:
+        lines.append(f"{r.instance_id:<32} {fmt(r.oracle_reward):>6} {fmt(r.noop_reward):>6} "
+                     f"{r.oracle_s:>9.2f} {r.noop_s:>8.2f}  {r.problem}")
+    bad = sum(r.flagged for r in rows)
+    lines.append(f"{len(rows)} tasks, {bad} flagged")
+    return "\n".join(lines)
+
+
+def rows_json(rows: list[CheckRow]) -> str:
+    return json.dumps({"tasks": [asdict(r) for r in rows], "flagged": sum(r.flagged for r in rows)})
+
+
+def load_tasks(paths: list[str]) -> list[LoadedTask]:
+    """Harbor task directories (or directories of them) and JSONL prompt files."""
+    from .harbor import convert_task, expand_task_dirs
+
+    tasks, dirs = [], []
+    for p in map(Path, paths):
+        if p.suffix == ".jsonl":
+            tasks += [load_record(json.loads(line)) for line in p.read_text().splitlines() if line.strip()]
+        else:
+            dirs.append(p)
+    tasks += [load_record(convert_task(d)) for d in expand_task_dirs(dirs)]
+    return tasks
+
+
+def main(args) -> int:
+    """`agentrl tasks check`; exit 1 when a task is flagged."""
+    import sys
+
+    from .harbor import HarborTaskError
+
+    try:
+        tasks = load_tasks(args.paths)
+    except (HarborTaskError, ValueError, KeyError, FileNotFoundError) as e:
+        print(f"cannot load the tasks: {e}", file=sys.stderr)
+        return 2
+    if not tasks:
+        print("no tasks found in " + " ".join(args.paths), file=sys.stderr)
+        return 2
+
+    def progress(row: CheckRow) -> None:
+        if not args.json:
+            print(f"  {row.instance_id}: oracle {row.oracle_reward}, no-op {row.noop_reward}"
+                  f"{'  <- ' + row.problem if row.problem else ''}", file=sys.stderr, flush=True)
+    rows = asyncio.run(check_tasks(tasks, args.concurrency, args.scratch, progress))
+    print(render_table(rows))
+    if args.json:
+        print(rows_json(rows))
+    return 1 if any(r.flagged for r in rows) else 0

@@ -1,0 +1,119 @@
+"""One task in one sandbox: start state, the agent's run, its patch, and the grade.
+
+The steps a rollout (and `agentrl tasks check`) takes, each a small async function
+over a Sandbox, so that the pool, eval and checks share them:
+    baseline  -> remember the work tree as the agent finds it (a git tree outside it)
+    run_agent -> the agent's command as the non-root agent user, stopped at its time limit
+    patch     -> what the agent changed, binary-safe, scratch files excluded
+    grade     -> the verifier's files enter now (not before), eval as root, Harbor's reward
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpc.sandbox.base import ExecResult, Sandbox, SandboxError
+
+from .task import RewardError, TaskSpec, reward_from
+
+# Root's own git dir, outside the work tree: the agent can neither see nor rewrite the baseline.
+BASELINE_GIT = "/var/lib/agentrl/baseline.git"
+TESTS_DIR = "/tests"
+LOGS_DIR = "/logs/verifier"
+_GIT = ["git", f"--git-dir={BASELINE_GIT}", "-c", "user.name=agentrl", "-c", "user.email=agentrl@localhost",
+        "-c", "core.fileMode=true", "-c", "safe.directory=*"]
+
+
+@dataclass(frozen=True)
+class Grade:
+    reward: float
+    exit_code: int
+    output: bytes
+    duration_s: float
+    timed_out: bool
+
+
+def _git(workdir: str, *args: str) -> list[str]:
+    return [*_GIT, f"--work-tree={workdir}", *args]
+
+
+async def _check(sb: Sandbox, argv: Sequence[str] | str, what: str, **kw) -> ExecResult:
+    r = await sb.exec(argv, **kw)
+    if r.exit_code != 0:
+        raise SandboxError(f"{what} failed ({r.exit_code}): {r.stderr.decode(errors='replace').strip()[:2000]}")
+    return r
+
+
+async def baseline(sb: Sandbox, spec: TaskSpec) -> None:
+    """Record the work tree as the agent will find it (reset to base_commit only if the task asks)."""
+    w = spec.workdir
+    if spec.reset_to_base_commit and spec.base_commit:
+        await _check(sb, ["git", "-C", w, "-c", "safe.directory=*", "checkout", "-q", "-f", spec.base_commit],
+                     "reset to base_commit", user="root", cwd=w)
+    await _check(sb, ["mkdir", "-p", str(Path(BASELINE_GIT).parent)], "baseline dir", user="root", cwd="/")
+    await _check(sb, ["chmod", "700", str(Path(BASELINE_GIT).parent)], "baseline dir", user="root", cwd="/")
+    await _check(sb, [*_git(w, "init", "-q")], "git init", user="root", cwd=w)
+    await _check(sb, [*_git(w, "add", "-A", "-f", ".")], "git add", user="root", cwd=w)
+    await _check(sb, [*_git(w, "commit", "-q", "--allow-empty", "--no-verify", "-m", "start")],
+                 "git commit", user="root", cwd=w)
+
+
+async def run_agent(sb: Sandbox, spec: TaskSpec, command: Sequence[str] | str,
+                    env: Mapping[str, str] | None = None) -> ExecResult:
+    """The agent's command as the agent user; at its time limit its process group is stopped."""
+    return await sb.exec(command, user="agent", cwd=spec.workdir, env=env, timeout_s=spec.timeouts.agent_s)
+
+
+async def patch(sb: Sandbox, spec: TaskSpec) -> bytes:
+    """The agent's change against the baseline: `git diff --binary`, untracked files included."""
+    w = spec.workdir
+    excludes = [f":(exclude,glob){p}" for p in spec.files_to_exclude_from_patch]
+    # A throwaway index: staging everything must not touch the baseline's own index.
+    env = {"GIT_INDEX_FILE": "/var/lib/agentrl/patch.index"}
+    await _check(sb, [*_git(w, "read-tree", "HEAD")], "git read-tree", user="root", cwd=w, env=env)
+    await _check(sb, [*_git(w, "add", "-A", "-f", "--", ".", *excludes)], "git add", user="root", cwd=w, env=env)
+    r = await _check(sb, [*_git(w, "diff", "--cached", "--binary", "HEAD", "--", ".", *excludes)],
+                     "git diff", user="root", cwd=w, env=env)
+    return r.stdout
+
+
+async def install_tests(sb: Sandbox, tests: Mapping[str, bytes]) -> None:
+    """The verifier's files, written at grading time only (as data on stdin, never argv)."""
+    for rel, data in sorted(tests.items()):
+        mode = 0o755 if rel.endswith(".sh") else 0o644
+        await sb.write_file(f"{TESTS_DIR}/{rel}", data, mode=mode)
+
+
+async def grade(sb: Sandbox, spec: TaskSpec, tests: Mapping[str, bytes],
+                env: Mapping[str, str] | None = None) -> Grade:
+    """Run the task's eval command as root after the agent has stopped; reward by Harbor's rules."""
+    t0 = time.monotonic()
+    await install_tests(sb, tests)
+    await _check(sb, ["mkdir", "-p", LOGS_DIR], "logs dir", user="root", cwd="/")
+    r = await sb.exec(spec.eval_command, user="root", cwd=spec.workdir, env=env, timeout_s=spec.timeouts.eval_s)
+    if r.timed_out:
+        return Grade(0.0, r.exit_code, r.stdout + r.stderr, time.monotonic() - t0, True)
+    files = {}
+    for name in ("reward.txt", "reward.json"):
+        try:
+            files[name] = (await sb.read_file(f"{LOGS_DIR}/{name}")).decode()
+        except FileNotFoundError:
+            files[name] = None
+    try:
+        reward = reward_from(r.exit_code, files["reward.txt"], files["reward.json"])
+    except RewardError as e:
+        raise SandboxError(f"{spec.instance_id}: the verifier wrote an unreadable reward: {e}") from None
+    return Grade(reward, r.exit_code, r.stdout + r.stderr, time.monotonic() - t0, False)
+
+
+async def apply_patch(sb: Sandbox, spec: TaskSpec, diff: bytes) -> None:
+    """Isolated grading: the agent's patch applied to a fresh copy of the task."""
+    if diff:
+        await sb.write_file("/var/lib/agentrl/agent.patch", diff)
+        await _check(sb, ["git", "-c", "safe.directory=*", "apply", "--binary", "--whitespace=nowarn",
+                          "/var/lib/agentrl/agent.patch"], "git apply", user="root", cwd=spec.workdir)
+
+

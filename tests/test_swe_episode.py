@@ -1,0 +1,110 @@
+"""A task's life in a real bwrap sandbox: baseline, the agent's change, its patch, the grade."""
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentrl.swe import episode
+from agentrl.swe.check import load_record, load_tasks
+from agentrl.swe.harbor import convert_task
+from hpc.sandbox.base import SandboxSpec
+from hpc.sandbox.bwrap import BwrapSandbox
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0,
+                                reason="needs bubblewrap (make sysdeps) and root for overlay mounts")
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 180))
+
+
+@pytest.fixture
+def roman():
+    return load_record(convert_task(ROOT / "tasks/roman-subtractive"))
+
+
+def test_patch_holds_the_agents_change_and_grades_in_a_fresh_sandbox(roman, tmp_path):
+    spec = roman.spec.model_copy(update={"files_to_exclude_from_patch": ["*.log"]})
+    repo = ROOT / "tasks/roman-subtractive/environment/repo"
+
+    async def go():
+        async with BwrapSandbox(SandboxSpec(workdir_source=str(repo))) as sb:
+            await episode.baseline(sb, spec)
+            await sb.write_file("/solution/solve.sh", roman.solution, mode=0o755)
+            agent = await episode.run_agent(sb, spec, "bash /solution/solve.sh && printf '\\x00\\x01bin' > data.bin "
+                                                      "&& echo scratch > notes.log && git init -q 2>/dev/null; true")
+            diff = await episode.patch(sb, spec)
+            same = await episode.grade(sb, spec, roman.tests)
+        # Isolated grading: the patch alone, applied to an untouched copy, must earn the same reward.
+        async with BwrapSandbox(SandboxSpec(workdir_source=str(repo))) as fresh:
+            await episode.apply_patch(fresh, spec, diff)
+            isolated = await episode.grade(fresh, spec, roman.tests)
+        return agent, diff, same, isolated
+    agent, diff, same, isolated = run(go())
+    assert agent.exit_code == 0, agent.stderr
+    assert b'(9, "IX")' in diff and b"GIT binary patch" in diff and b"data.bin" in diff
+    assert b"notes.log" not in diff                       # excluded scratch file
+    assert b".git" not in diff                            # the agent's own git dir is no change of the task
+    assert (same.reward, isolated.reward) == (1.0, 1.0)
+
+
+def test_agent_time_limit_stops_its_process_group_before_grading(roman):
+    spec = roman.spec.model_copy(update={"timeouts": roman.spec.timeouts.model_copy(update={"agent_s": 1.0})})
+    repo = ROOT / "tasks/roman-subtractive/environment/repo"
+
+    async def go():
+        async with BwrapSandbox(SandboxSpec(workdir_source=str(repo))) as sb:
+            await episode.baseline(sb, spec)
+            r = await episode.run_agent(sb, spec, "(while true; do echo x >> busy.txt; sleep 0.1; done) & wait")
+            size = (await sb.exec("wc -c < busy.txt")).stdout
+            await asyncio.sleep(0.5)
+            later = (await sb.exec("wc -c < busy.txt")).stdout
+            g = await episode.grade(sb, spec, roman.tests)
+        return r, size, later, g
+    r, size, later, g = run(go())
+    assert r.timed_out and size == later          # nothing of the agent runs on after its time
+    assert g.reward == 0.0 and not g.timed_out
+
+
+def test_the_verifier_files_enter_only_at_grading(roman):
+    repo = ROOT / "tasks/roman-subtractive/environment/repo"
+
+    async def go():
+        async with BwrapSandbox(SandboxSpec(workdir_source=str(repo))) as sb:
+            await episode.baseline(sb, roman.spec)
+            before = await episode.run_agent(sb, roman.spec, "ls /tests /logs 2>&1; cat /var/lib/agentrl/x 2>&1")
+            await episode.grade(sb, roman.spec, roman.tests)
+            after = await sb.exec("ls /tests", user="root")
+        return before, after
+    before, after = run(go())
+    assert b"No such file" in before.stdout and b"Permission denied" in before.stdout
+    assert b"test.sh" in after.stdout
+
+
+def test_tasks_check_of_the_bundled_tasks_and_a_broken_one(tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(ROOT / "tasks/roman-subtractive", broken)
+    (broken / "solution/solve.sh").write_text("#!/usr/bin/env bash\ntrue\n")   # "fixes" nothing
+    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "tasks", "check", str(ROOT / "tasks"), str(broken),
+                        "--json", "--concurrency", "2"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 1, r.stderr
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    rows = {t["instance_id"]: t for t in result["tasks"]}
+    assert len(rows) == 9 and result["flagged"] == 1
+    assert "the solution does not pass" in rows["broken"]["problem"]
+    for name in os.listdir(ROOT / "tasks"):
+        assert (rows[name]["oracle_reward"], rows[name]["noop_reward"], rows[name]["problem"]) == (1.0, 0.0, "")
+
+
+def test_load_tasks_from_jsonl_equals_from_directories(tmp_path):
+    out = tmp_path / "prompts.jsonl"
+    subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(ROOT / "tasks"), "--out", str(out)],
+                   check=True, capture_output=True, cwd=ROOT)
+    assert load_tasks([str(out)]) == load_tasks([str(ROOT / "tasks")])

@@ -108,3 +108,30 @@ def test_load_tasks_from_jsonl_equals_from_directories(tmp_path):
     subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(ROOT / "tasks"), "--out", str(out)],
                    check=True, capture_output=True, cwd=ROOT)
     assert load_tasks([str(out)]) == load_tasks([str(ROOT / "tasks")])
+
+
+def test_grading_a_task_whose_config_json_holds_100000_test_names(tmp_path):
+    task = tmp_path / "big"
+    shutil.copytree(ROOT / "tasks/roman-subtractive", task)
+    names = [f"tests/test_mod_{i}.py::TestCase::test_{i}" for i in range(100_000)]
+    config = json.dumps({"PASS_TO_PASS": names, "FAIL_TO_PASS": ["tests/test_issue.py"]}).encode()
+    assert len(config) > 2 * 1024 * 1024   # past ARG_MAX (2 MiB) and far past one argument's 128 KiB
+    (task / "tests/config.json").write_bytes(config)
+    test_sh = (task / "tests/test.sh").read_text().replace(
+        'mkdir -p "$LOGS_DIR"',
+        'mkdir -p "$LOGS_DIR"\n'
+        'n=$("$PYTHON" -c \'import json,sys; print(len(json.load(open(sys.argv[1]))["PASS_TO_PASS"]))\' '
+        '"$TESTS_DIR"/config.json)\n'
+        '[ "$n" = 100000 ] || { echo "config.json has $n names" >&2; echo 0 > "$LOGS_DIR"/reward.txt; exit 3; }')
+    (task / "tests/test.sh").write_text(test_sh)
+    loaded = load_record(convert_task(task))
+    assert loaded.tests["config.json"] == config
+
+    async def go():
+        async with BwrapSandbox(SandboxSpec(workdir_source=str(task / "environment/repo"))) as sb:
+            await episode.baseline(sb, loaded.spec)
+            await sb.write_file("/solution/solve.sh", loaded.solution, mode=0o755)
+            await episode.run_agent(sb, loaded.spec, ["bash", "/solution/solve.sh"])
+            return await episode.grade(sb, loaded.spec, loaded.tests)
+    g = run(go())
+    assert g.reward == 1.0, g.output[-2000:]

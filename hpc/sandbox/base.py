@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -70,6 +69,11 @@ class Sandbox(Protocol):
     async def __aexit__(self, *exc) -> None: ...
 
 
+def check_user(user: str) -> None:
+    if user not in ("agent", "root"):
+        raise ValueError(f"user must be 'agent' or 'root', got {user!r}")
+
+
 def as_argv(command: Sequence[str] | str) -> list[str]:
     """A string is a bash command line; a sequence is argv as is."""
     return ["/bin/bash", "-c", command] if isinstance(command, str) else list(command)
@@ -85,11 +89,11 @@ def sandbox_env(spec_env: Mapping[str, str], extra: Mapping[str, str] | None, us
 
 
 async def run_process(argv: list[str], *, env: Mapping[str, str], stdin: bytes | None,
-                      timeout_s: float | None) -> ExecResult:
+                      timeout_s: float | None, cwd: str | None = None) -> ExecResult:
     """Run `argv` in a process group of its own; on timeout stop the whole group, loudly if it survives."""
     t0 = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
-        *argv, env=dict(env), start_new_session=True,
+        *argv, env=dict(env), start_new_session=True, cwd=cwd,
         stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
@@ -111,5 +115,18 @@ async def run_process(argv: list[str], *, env: Mapping[str, str], stdin: bytes |
     return ExecResult(proc.returncode, out, err, time.monotonic() - t0)
 
 
-def host_has(path: str) -> bool:
-    return os.path.exists(path)
+async def write_file_via_exec(sandbox: Sandbox, path: str, data: bytes, *, user: str, mode: int) -> None:
+    """write_file for runtimes that reach files only through exec: the data travels on stdin, never
+    in argv (no ARG_MAX, no quoting)."""
+    r = await sandbox.exec(["/bin/sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1" && chmod "$2" "$1"',
+                            "sh", path, oct(mode)[2:]], user=user, cwd="/", stdin=data)
+    if r.exit_code != 0:
+        raise SandboxError(f"writing {path} failed: {r.stderr.decode(errors='replace').strip()}")
+
+
+async def read_file_via_exec(sandbox: Sandbox, path: str, *, user: str) -> bytes:
+    r = await sandbox.exec(["cat", "--", path], user=user, cwd="/")
+    if r.exit_code != 0:
+        raise FileNotFoundError(f"{path} in the sandbox: {r.stderr.decode(errors='replace').strip()}")
+    return r.stdout
+

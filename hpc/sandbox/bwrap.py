@@ -27,7 +27,19 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .base import AGENT_GID, AGENT_UID, ExecResult, SandboxError, SandboxSpec, as_argv, run_process, sandbox_env
+from .base import (
+    AGENT_GID,
+    AGENT_UID,
+    ExecResult,
+    SandboxError,
+    SandboxSpec,
+    as_argv,
+    check_user,
+    read_file_via_exec,
+    run_process,
+    sandbox_env,
+    write_file_via_exec,
+)
 from .layers import Layer, make_layer
 
 SOCKET_IN_SANDBOX = "/run/agentrl/adapter.sock"
@@ -183,25 +195,17 @@ class BwrapSandbox:
     async def exec(self, command: Sequence[str] | str, *, user: str = "agent", cwd: str | None = None,
                    env: Mapping[str, str] | None = None, timeout_s: float | None = None,
                    stdin: bytes | None = None) -> ExecResult:
-        if user not in ("agent", "root"):
-            raise ValueError(f"user must be 'agent' or 'root', got {user!r}")
+        check_user(user)
         if self.init_pid is None:
             raise SandboxError("exec before start()")
         argv = nsenter_argv(self.init_pid, user, cwd or self.spec.workdir, as_argv(command))
         return await run_process(argv, env=sandbox_env(self.spec.env, env, user), stdin=stdin, timeout_s=timeout_s)
 
     async def write_file(self, path: str, data: bytes, *, user: str = "root", mode: int = 0o644) -> None:
-        # Data travels on stdin, never in argv: no ARG_MAX, no quoting.
-        r = await self.exec(["/bin/sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1" && chmod "$2" "$1"',
-                             "sh", path, oct(mode)[2:]], user=user, cwd="/", stdin=data)
-        if r.exit_code != 0:
-            raise SandboxError(f"writing {path} failed: {r.stderr.decode(errors='replace').strip()}")
+        await write_file_via_exec(self, path, data, user=user, mode=mode)
 
     async def read_file(self, path: str, *, user: str = "root") -> bytes:
-        r = await self.exec(["cat", "--", path], user=user, cwd="/")
-        if r.exit_code != 0:
-            raise FileNotFoundError(f"{path} in the sandbox: {r.stderr.decode(errors='replace').strip()}")
-        return r.stdout
+        return await read_file_via_exec(self, path, user=user)
 
     async def stop(self) -> None:
         await asyncio.to_thread(self._stop)

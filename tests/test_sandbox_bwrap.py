@@ -4,14 +4,13 @@ import asyncio
 import http.server
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
+from http_fixtures import Hello, UnixHTTPServer, serve
 
 from hpc.sandbox.base import SandboxSpec
 from hpc.sandbox.bwrap import BwrapSandbox, bwrap_argv, nsenter_argv
@@ -134,34 +133,6 @@ asyncio.run(main())
     while sandbox_processes("sleep 4343") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not sandbox_processes("sleep 4343")
-
-
-class Hello(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = b"adapter says hi"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *a):
-        pass
-
-
-class UnixHTTPServer(http.server.ThreadingHTTPServer):
-    address_family = socket.AF_UNIX
-
-    def server_bind(self):
-        self.socket.bind(self.server_address)
-
-    def get_request(self):
-        conn, _ = self.socket.accept()
-        return conn, ("sandbox", 0)
-
-
-def serve(server):
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
 
 
 def test_network_only_the_own_adapter_is_reachable(repo, tmp_path):

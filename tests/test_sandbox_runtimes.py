@@ -9,7 +9,6 @@ prints the JSON Apptainer prints, `overlay create` makes a sparse file.
 """
 
 import asyncio
-import http.server
 import json
 import os
 import socket
@@ -19,6 +18,7 @@ import threading
 import urllib.request
 
 import pytest
+from http_fixtures import Hello, UnixHTTPServer
 
 from hpc.sandbox.apptainer import (
     FORWARDER_HOST,
@@ -263,28 +263,6 @@ def test_a_failed_forwarder_stops_the_instance(fake, image, tmp_path):
             run(ApptainerSandbox(spec, image).start())
     assert verbs(calls())[-2:] == ["instance stop", "instance list"]
     assert not processes("sleep 864242")
-
-
-class Hello(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200)
-        self.send_header("Content-Length", "15")
-        self.end_headers()
-        self.wfile.write(b"adapter says hi")
-
-    def log_message(self, *a):
-        pass
-
-
-class UnixHTTPServer(http.server.ThreadingHTTPServer):
-    address_family = socket.AF_UNIX
-
-    def server_bind(self):
-        self.socket.bind(self.server_address)
-
-    def get_request(self):
-        conn, _ = self.socket.accept()
-        return conn, ("sandbox", 0)
 
 
 def test_adapter_forwarder_runs_inside_the_instance(fake, image, tmp_path):

@@ -47,6 +47,7 @@ from pathlib import Path
 from ..procs import kill_group
 from .base import (
     DEFAULT_PATH,
+    SOCKET_IN_SANDBOX,
     ExecResult,
     SandboxError,
     SandboxSpec,
@@ -59,7 +60,6 @@ from .base import (
 )
 from .layers import Layer, make_layer
 
-SOCKET_IN_SANDBOX = "/run/agentrl/adapter.sock"
 FORWARDER_IN_SANDBOX = "/run/agentrl/forwarder.py"
 FORWARDER_HOST = str(Path(__file__).with_name("forwarder.py"))
 OVERLAY_MIB = 16384        # sparse: the size is a cap, not an allocation

@@ -12,6 +12,7 @@ from ..procs import group_alive, kill_group
 
 AGENT_UID = 1000
 AGENT_GID = 1000
+SOCKET_IN_SANDBOX = "/run/agentrl/adapter.sock"   # where the adapter's Unix socket appears
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 KILL_GRACE_S = 2.0
 

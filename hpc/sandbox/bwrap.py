@@ -30,6 +30,7 @@ from pathlib import Path
 from .base import (
     AGENT_GID,
     AGENT_UID,
+    SOCKET_IN_SANDBOX,
     ExecResult,
     SandboxError,
     SandboxSpec,
@@ -42,7 +43,6 @@ from .base import (
 )
 from .layers import Layer, make_layer
 
-SOCKET_IN_SANDBOX = "/run/agentrl/adapter.sock"
 _USR_MERGED = ("bin", "sbin", "lib", "lib64")
 
 

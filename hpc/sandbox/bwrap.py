@@ -63,7 +63,9 @@ def bwrap_argv(spec: SandboxSpec, *, workdir_host: str | None, etc_host: str | N
     argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
             "--hostname", "sandbox"]
     if rootfs_host:
-        argv += ["--bind" if workdir_host is None else "--ro-bind", rootfs_host, "/"]
+        # The image's own copy-on-write layer: writable, so that bwrap can make its mount
+        # points (/proc, /run/agentrl, the workdir) and the agent can install packages.
+        argv += ["--bind", rootfs_host, "/"]
     else:
         argv += ["--ro-bind", "/usr", "/usr"]
         for d in _USR_MERGED:
@@ -75,6 +77,8 @@ def bwrap_argv(spec: SandboxSpec, *, workdir_host: str | None, etc_host: str | N
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/run/agentrl"]
     if workdir_host:
         argv += ["--bind", workdir_host, spec.workdir]
+    elif rootfs_host:
+        argv += ["--dir", spec.workdir]
     for host, inside in spec.ro_binds.items():
         argv += ["--ro-bind", host, inside]
     if spec.adapter_socket:
@@ -117,12 +121,10 @@ class BwrapSandbox:
         self._scratch = Path(tempfile.mkdtemp(prefix="sandbox-", dir=spec.scratch_dir))
         try:
             workdir_host = rootfs_host = etc_host = None
-            if spec.rootfs and spec.workdir_source is None:
-                layer = make_layer(Path(spec.rootfs), spec.scratch_dir, 0, 0)
+            if spec.rootfs:
+                layer = make_layer(Path(spec.rootfs), spec.scratch_dir, None, None)
                 self._layers.append(layer)
                 rootfs_host = str(layer.path)
-            elif spec.rootfs:
-                rootfs_host = spec.rootfs
             if spec.workdir_source:
                 layer = make_layer(Path(spec.workdir_source), spec.scratch_dir, AGENT_UID, AGENT_GID)
                 self._layers.append(layer)
@@ -177,7 +179,12 @@ class BwrapSandbox:
                     return
             except FileNotFoundError:
                 break
+            if self._init.poll() is not None:
+                break
             time.sleep(0.002)
+        if self._init.poll() is not None:
+            err = self._init.stderr.read().decode(errors="replace").strip()
+            raise SandboxError(f"bwrap exited with {self._init.returncode}: {err}")
         raise SandboxError(f"the sandbox did not come up in {timeout_s:.0f} s (bwrap pid 1: {self.init_pid})")
 
     def _start_forwarder(self) -> None:

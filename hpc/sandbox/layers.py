@@ -36,11 +36,15 @@ class Layer:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
-def _chown_tree(path: Path, uid: int, gid: int) -> None:
+def _chown_tree(path: Path, uid: int | None, gid: int | None) -> None:
+    # An image keeps its owners (and its setuid bits, which chown clears): only a work tree
+    # handed to the agent is chowned, and uid None means "leave as is".
+    if uid is None or gid is None:
+        return
     subprocess.run(["chown", "-R", f"{uid}:{gid}", str(path)], check=True, capture_output=True)
 
 
-def overlay_layer(source: Path, scratch: Path, uid: int, gid: int) -> Layer:
+def overlay_layer(source: Path, scratch: Path, uid: int | None, gid: int | None) -> Layer:
     upper, work, merged = scratch / "upper", scratch / "work", scratch / "merged"
     for d in (upper, work, merged):
         d.mkdir(parents=True)
@@ -58,7 +62,7 @@ def overlay_layer(source: Path, scratch: Path, uid: int, gid: int) -> Layer:
     return layer
 
 
-def copy_layer(source: Path, scratch: Path, uid: int, gid: int) -> Layer:
+def copy_layer(source: Path, scratch: Path, uid: int | None, gid: int | None) -> Layer:
     dest = scratch / "tree"
     r = subprocess.run(["cp", "-a", "--reflink=auto", str(source), str(dest)], capture_output=True, text=True)
     if r.returncode != 0:
@@ -69,7 +73,8 @@ def copy_layer(source: Path, scratch: Path, uid: int, gid: int) -> Layer:
     return Layer(source, dest, scratch, "copy")
 
 
-def make_layer(source: Path, scratch_root: str | None, uid: int, gid: int, kind: str = "auto") -> Layer:
+def make_layer(source: Path, scratch_root: str | None, uid: int | None, gid: int | None,
+               kind: str = "auto") -> Layer:
     """A writable layer over `source`: overlay where this process may mount, else a copy."""
     if not source.is_dir():
         raise LayerError(f"{source} is not a directory")

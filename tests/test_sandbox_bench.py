@@ -1,0 +1,86 @@
+"""The sandbox benchmark runs end to end in --quick mode and reports consistent figures."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "sandbox_bench.py"
+
+
+def _needs() -> str | None:
+    if os.geteuid() != 0:
+        return "the sandbox benchmark needs root (overlay mounts)"
+    missing = [t for t in ("bwrap", "nsenter") if shutil.which(t) is None]
+    if missing:
+        return f"the sandbox benchmark needs {' and '.join(missing)} (make sysdeps)"
+    return None
+
+
+@pytest.fixture
+def runnable():
+    why = _needs()
+    if why:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true and {why}")
+        pytest.skip(why)
+
+
+def _approx(x):
+    return pytest.approx(x, rel=1e-3, abs=1e-4)
+
+
+def test_quick_run_reports_figures_beside_baselines(runnable, tmp_path):
+    p = subprocess.run([sys.executable, str(BENCH), "--quick", "--json", "--dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.strip().splitlines()
+    out = json.loads(lines[-1])
+    assert out["benchmark"] == "sandbox" and out["quick"] is True and out["cpus"] >= 1
+    assert out["image"]["bytes"] >= 20 * 2**20 and out["image"]["entries"] > 0
+    assert "(a) start to first exec ready" in p.stdout and "(b) cycles/s" in p.stdout
+
+    ready = out["ready"]
+    assert ready["rounds"] == 3
+    for side in ("figure", "baseline"):
+        r = ready[side]
+        assert 0 < r["p50_s"] <= r["p95_s"] and r["stop_p50_s"] > 0
+    assert ready["ratio_p50"] == _approx(ready["figure"]["p50_s"] / ready["baseline"]["p50_s"])
+    assert ready["ratio_p95"] == _approx(ready["figure"]["p95_s"] / ready["baseline"]["p95_s"])
+    assert ready["target"] == {"p50_s": 0.3, "max_ratio_p50": 0.05}
+    assert isinstance(ready["meets_target"], bool)
+
+    rows = out["throughput"]
+    assert [r["concurrency"] for r in rows] == [1, 2]
+    for row in rows:
+        for side in ("figure", "baseline"):
+            m = row[side]
+            if m is None:                      # skipped for the budget: it must say so
+                assert row["skipped"] and out["skipped"]
+                continue
+            assert m["cycles"] >= row["concurrency"] and m["wall_s"] > 0
+            assert m["cycles_per_s"] == _approx(m["cycles"] / m["wall_s"])
+        if row["figure"] and row["baseline"]:
+            assert row["ratio"] == _approx(row["figure"]["cycles_per_s"] / row["baseline"]["cycles_per_s"])
+        else:
+            assert row["ratio"] is None
+    # Nothing is left mounted or running.
+    assert str(tmp_path) not in Path("/proc/mounts").read_text()
+    assert not [d for d in tmp_path.iterdir() if d.name.startswith("run-")]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--concurrency", "1,x"], "--concurrency must be positive integers"),
+    (["--concurrency", "0"], "--concurrency must be positive integers"),
+    (["--rounds", "0"], "--rounds must be at least 1"),
+    (["--budget-s", "0"], "--budget-s must be positive"),
+    (["--image-mb", "100"], "--image-mb must be at least 300"),
+    (["--dir", "/nonexistent/sandbox-bench"], "is not a directory"),
+])
+def test_bad_arguments_are_refused(args, message):
+    p = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and message in p.stderr, p.stderr

@@ -120,10 +120,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `agentrl status RUN | head` ends quietly
     args = build_parser().parse_args(argv)
     return args.func(args)
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The console script. Only a process of its own may change how it takes SIGPIPE."""
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `agentrl status RUN | head` ends quietly
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

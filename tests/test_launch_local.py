@@ -117,9 +117,9 @@ def test_local_three_roles_placement_allreduce_restart_and_finish(local_run):
 
 def test_local_trainer_failure_fails_the_run(local_run):
     run, proc = local_run
-    wait_for(lambda: len(probes(run, "trainer")) == 2, what="trainer ranks")
+    wait_for(lambda: len(probes(run, "trainer")) == 2, 120, "trainer ranks")
     (run / "probe" / "fail").write_text("")
-    assert proc.wait(timeout=60) == 3
+    assert proc.wait(timeout=120) == 3, proc.stdout.read()
     out = agentrl("status", str(run)).stdout
     assert "failed" in out and "trainer exited with 3" in out
 

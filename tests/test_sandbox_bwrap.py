@@ -133,6 +133,8 @@ asyncio.run(main())
     while sandbox_processes("sleep 4343") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not sandbox_processes("sleep 4343")
+    # Its copy-on-write mounts lived in the sandbox's own mount namespace: gone with it.
+    assert not [m for m in Path("/proc/mounts").read_text().splitlines() if f"lowerdir={repo}" in m]
 
 
 def test_network_only_the_own_adapter_is_reachable(repo, tmp_path):

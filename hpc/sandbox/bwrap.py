@@ -41,7 +41,7 @@ from .base import (
     sandbox_env,
     write_file_via_exec,
 )
-from .layers import Layer, make_layer
+from .layers import Layer, make_layer, planned_overlay
 
 _USR_MERGED = ("bin", "sbin", "lib", "lib64")
 
@@ -122,17 +122,19 @@ class BwrapSandbox:
         try:
             workdir_host = rootfs_host = etc_host = None
             if spec.rootfs:
-                layer = make_layer(Path(spec.rootfs), spec.scratch_dir, None, None)
-                self._layers.append(layer)
-                rootfs_host = str(layer.path)
+                rootfs_host = str(self._layer(spec.rootfs, None, None).path)
             if spec.workdir_source:
-                layer = make_layer(Path(spec.workdir_source), spec.scratch_dir, AGENT_UID, AGENT_GID)
-                self._layers.append(layer)
-                workdir_host = str(layer.path)
+                workdir_host = str(self._layer(spec.workdir_source, AGENT_UID, AGENT_GID).path)
             if not spec.rootfs:
                 etc_host = str(self._scratch / "etc")
                 _etc_files(Path(etc_host))
             argv = bwrap_argv(spec, workdir_host=workdir_host, etc_host=etc_host, rootfs_host=rootfs_host)
+            setup = [cmd for layer in self._layers for cmd in (layer.setup or [])]
+            if setup:
+                # Overlays mounted in a mount namespace of the sandbox's own (which bwrap's nests in):
+                # they vanish with the sandbox even if its owner is SIGKILLed.
+                argv = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
+                        " && ".join([*setup, 'exec "$@"']), "sh", *argv]
             r, w = os.pipe()
             argv[argv.index("--info-fd") + 1] = str(w)
             self._init = subprocess.Popen(argv, pass_fds=(w,), env={}, stdin=subprocess.DEVNULL,
@@ -146,6 +148,14 @@ class BwrapSandbox:
         except BaseException:
             self._stop()
             raise
+
+    def _layer(self, source: str, uid: int | None, gid: int | None) -> Layer:
+        if os.geteuid() == 0:
+            layer = planned_overlay(Path(source), self.spec.scratch_dir, uid, gid)
+        else:
+            layer = make_layer(Path(source), self.spec.scratch_dir, uid, gid, kind="copy")
+        self._layers.append(layer)
+        return layer
 
     def _read_info(self, fd: int, timeout_s: float = 30.0) -> int:
         """The sandbox's init pid, from bwrap's --info-fd JSON (the fd stays open: read until it parses)."""

@@ -10,6 +10,7 @@ Debian 12's bwrap (0.8) has no --overlay, so the layer is made before bwrap star
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -29,9 +30,12 @@ class Layer:
     path: Path
     scratch: Path
     kind: str
+    # A planned overlay: the shell commands that mount (and chown) it, to be run inside the
+    # sandbox's own mount namespace, where it vanishes with the sandbox however it ends.
+    setup: list[str] | None = None
 
     def close(self) -> None:
-        if self.kind == "overlay":
+        if self.kind == "overlay" and self.setup is None:
             subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
         shutil.rmtree(self.scratch, ignore_errors=True)
 
@@ -44,11 +48,27 @@ def _chown_tree(path: Path, uid: int | None, gid: int | None) -> None:
     subprocess.run(["chown", "-R", f"{uid}:{gid}", str(path)], check=True, capture_output=True)
 
 
-def overlay_layer(source: Path, scratch: Path, uid: int | None, gid: int | None) -> Layer:
+def _overlay_dirs(source: Path, scratch: Path) -> tuple[Path, str]:
     upper, work, merged = scratch / "upper", scratch / "work", scratch / "merged"
     for d in (upper, work, merged):
         d.mkdir(parents=True)
-    opts = f"lowerdir={source},upperdir={upper},workdir={work},metacopy=on"
+    return merged, f"lowerdir={source},upperdir={upper},workdir={work},metacopy=on"
+
+
+def planned_overlay(source: Path, scratch_root: str | None, uid: int | None, gid: int | None) -> Layer:
+    """An overlay that is not mounted yet: its `setup` commands mount it where the caller runs them."""
+    if not source.is_dir():
+        raise LayerError(f"{source} is not a directory")
+    scratch = Path(tempfile.mkdtemp(prefix="sbx-", dir=scratch_root))
+    merged, opts = _overlay_dirs(source, scratch)
+    setup = [shlex.join(["mount", "-t", "overlay", "overlay", "-o", opts, str(merged)])]
+    if uid is not None and gid is not None:
+        setup.append(shlex.join(["chown", "-R", f"{uid}:{gid}", str(merged)]))
+    return Layer(source, merged, scratch, "overlay", setup)
+
+
+def overlay_layer(source: Path, scratch: Path, uid: int | None, gid: int | None) -> Layer:
+    merged, opts = _overlay_dirs(source, scratch)
     r = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, str(merged)],
                        capture_output=True, text=True)
     if r.returncode != 0:

@@ -154,7 +154,8 @@ def test_network_only_the_own_adapter_is_reachable(repo, tmp_path):
             own = await a.exec(f"{curl} http://127.0.0.1:8001/v1/messages")
             via_socket = await a.exec("python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); "
                                       "s.connect('/run/agentrl/adapter.sock'); "
-                                      "s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n'); print(s.recv(4096).decode())\"")
+                                      "s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n'); "
+                                      "print(b''.join(iter(lambda: s.recv(4096), b'')).decode())\"")
             host = await a.exec(f"{curl} http://127.0.0.1:{host_port}/", timeout_s=20)
             other = await a.exec(f"{curl} http://127.0.0.1:8002/", timeout_s=20)
             outside = await a.exec(f"{curl} http://10.255.255.1/", timeout_s=20)

@@ -39,7 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hpc.sandbox.base import AGENT_GID, AGENT_UID, SandboxError, SandboxSpec  # noqa: E402
-from hpc.sandbox.bwrap import BwrapSandbox, bwrap_argv  # noqa: E402
+from hpc.sandbox.bwrap import BwrapSandbox, bwrap_argv, write_minimal_etc  # noqa: E402
 
 TARGET_READY_P50_S = 0.3
 TARGET_SPEEDUP = 20.0          # the copy's p50 / ours: ratio <= 1 / 20
@@ -138,14 +138,7 @@ def _skeleton(root: Path) -> None:
     (root / "var/tmp").chmod(0o1777)
     (root / "root").chmod(0o700)
     os.chown(root / "home/agent", AGENT_UID, AGENT_GID)
-    etc = root / "etc"
-    etc.mkdir(exist_ok=True)
-    (etc / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n"
-                                f"agent:x:{AGENT_UID}:{AGENT_GID}:agent:/home/agent:/bin/bash\n")
-    (etc / "group").write_text(f"root:x:0:\nagent:x:{AGENT_GID}:\n")
-    (etc / "hosts").write_text("127.0.0.1 localhost sandbox\n")
-    (etc / "hostname").write_text("sandbox\n")
-    (etc / "nsswitch.conf").write_text("passwd: files\ngroup: files\nhosts: files\n")
+    write_minimal_etc(root / "etc")
 
 
 def build_image(cache: Path, min_mib: int, log) -> dict:

@@ -7,6 +7,16 @@ import signal
 import time
 
 
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True   # alive, someone else's
+    return True
+
+
 def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Literal
 
 from hpc.fsio import fsync_dir
+from hpc.procs import pid_alive
 from hpc.records import Record, RecordError, read_record, write_record
 
 from .oci import check_digest
@@ -78,15 +79,6 @@ def tree_size(path: Path) -> int:
             total += os.lstat(os.path.join(dirpath, name)).st_size
     return total
 
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _make_writable(path: str) -> None:
@@ -174,7 +166,7 @@ class ImageCache:
                 age = now - os.lstat(p).st_mtime
             except (ValueError, FileNotFoundError):
                 continue
-            if kind == "trash" or (owner == host and not _pid_alive(pid)) or age > self.stale_s:
+            if kind == "trash" or (owner == host and not pid_alive(pid)) or age > self.stale_s:
                 if (owner, pid) == (host, os.getpid()):
                     continue  # our own build in progress
                 _rmtree(p)

@@ -49,6 +49,7 @@ from .base import (
     DEFAULT_PATH,
     SOCKET_IN_SANDBOX,
     ExecResult,
+    SandboxContext,
     SandboxError,
     SandboxSpec,
     as_argv,
@@ -139,7 +140,7 @@ def tool_env() -> dict[str, str]:
     return {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8", "HOME": pwd.getpwuid(os.getuid()).pw_dir}
 
 
-class ApptainerSandbox:
+class ApptainerSandbox(SandboxContext):
     def __init__(self, spec: SandboxSpec, image: str, *, fakeroot: bool = False, apptainer: str = "apptainer",
                  overlay_mib: int = OVERLAY_MIB):
         if not image:
@@ -155,13 +156,6 @@ class ApptainerSandbox:
         self._layers: list[Layer] = []
         self._forwarder: subprocess.Popen | None = None
         self._start_tried = False
-
-    async def __aenter__(self) -> ApptainerSandbox:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.stop()
 
     async def _tool(self, argv: list[str], what: str, timeout_s: float = 60.0) -> ExecResult:
         r = await run_process(argv, env=tool_env(), stdin=None, timeout_s=timeout_s)

@@ -70,6 +70,23 @@ class Sandbox(Protocol):
     async def __aexit__(self, *exc) -> None: ...
 
 
+class SandboxContext:
+    """`async with` for every runtime: start on entry, stop on exit (also after an error)."""
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self):
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+
 def check_user(user: str) -> None:
     if user not in ("agent", "root"):
         raise ValueError(f"user must be 'agent' or 'root', got {user!r}")

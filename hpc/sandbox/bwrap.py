@@ -32,6 +32,7 @@ from .base import (
     AGENT_UID,
     SOCKET_IN_SANDBOX,
     ExecResult,
+    SandboxContext,
     SandboxError,
     SandboxSpec,
     as_argv,
@@ -46,7 +47,7 @@ from .layers import Layer, make_layer, planned_overlay
 _USR_MERGED = ("bin", "sbin", "lib", "lib64")
 
 
-def _etc_files(etc: Path) -> None:
+def write_minimal_etc(etc: Path) -> None:
     """A minimal /etc for the host-image sandbox: the host's own /etc (secrets included) stays out."""
     etc.mkdir(parents=True, exist_ok=True)
     (etc / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n"
@@ -93,7 +94,7 @@ def nsenter_argv(init_pid: int, user: str, cwd: str, command: list[str]) -> list
             "-S", str(uid), "-G", str(gid), "--", "/bin/sh", "-c", 'cd "$0" && exec "$@"', cwd, *command]
 
 
-class BwrapSandbox:
+class BwrapSandbox(SandboxContext):
     def __init__(self, spec: SandboxSpec):
         self.spec = spec
         self._init: subprocess.Popen | None = None
@@ -101,13 +102,6 @@ class BwrapSandbox:
         self._layers: list[Layer] = []
         self._scratch: Path | None = None
         self._forwarder: subprocess.Popen | None = None
-
-    async def __aenter__(self) -> BwrapSandbox:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.stop()
 
     async def start(self) -> None:
         await asyncio.to_thread(self._start)
@@ -127,7 +121,7 @@ class BwrapSandbox:
                 workdir_host = str(self._layer(spec.workdir_source, AGENT_UID, AGENT_GID).path)
             if not spec.rootfs:
                 etc_host = str(self._scratch / "etc")
-                _etc_files(Path(etc_host))
+                write_minimal_etc(Path(etc_host))
             argv = bwrap_argv(spec, workdir_host=workdir_host, etc_host=etc_host, rootfs_host=rootfs_host)
             setup = [cmd for layer in self._layers for cmd in (layer.setup or [])]
             if setup:

@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .base import ExecResult, SandboxError, SandboxSpec, as_argv, check_user, run_process, sandbox_env
+from .base import ExecResult, SandboxContext, SandboxError, SandboxSpec, as_argv, check_user, run_process, sandbox_env
 from .layers import Layer, make_layer
 
 UNSAFE_MESSAGE = (
@@ -27,7 +27,7 @@ UNSAFE_MESSAGE = (
     "and `sandbox.allow_unsafe_local: true` in the config (LocalSandbox(..., allow_unsafe=True)).")
 
 
-class LocalSandbox:
+class LocalSandbox(SandboxContext):
     def __init__(self, spec: SandboxSpec, *, allow_unsafe: bool = False):
         if not allow_unsafe:
             raise SandboxError(UNSAFE_MESSAGE)
@@ -35,13 +35,6 @@ class LocalSandbox:
         self.root: Path | None = None        # the host directory that stands for spec.workdir
         self._layer: Layer | None = None
         self._scratch: Path | None = None
-
-    async def __aenter__(self) -> LocalSandbox:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.stop()
 
     async def start(self) -> None:
         await asyncio.to_thread(self._start)

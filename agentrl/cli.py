@@ -81,6 +81,9 @@ def _add_tasks_parser(sub) -> None:
     c.add_argument("paths", nargs="+", help="Harbor task directories, directories of them, or JSONL prompt files")
     c.add_argument("--concurrency", type=int, default=2, help="tasks checked at once (default 2)")
     c.add_argument("--scratch", help="node-local directory for sandbox layers (default: the temp dir)")
+    c.add_argument("--runtime", choices=("bwrap", "apptainer"), default="bwrap", help="sandbox runtime (default bwrap)")
+    c.add_argument("--image-cache", metavar="DIR",
+                   help="the image cache where tasks' images were built (`agentrl images build`)")
     c.add_argument("--json", action="store_true", help="end with one JSON object of the results")
 
     def run(args: argparse.Namespace) -> int:

@@ -38,19 +38,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hpc.images.hostroot import build_host_rootfs  # noqa: E402
 from hpc.sandbox.base import AGENT_GID, AGENT_UID, SandboxError, SandboxSpec  # noqa: E402
-from hpc.sandbox.bwrap import BwrapSandbox, bwrap_argv, write_minimal_etc  # noqa: E402
+from hpc.sandbox.bwrap import BwrapSandbox, bwrap_argv  # noqa: E402
 
 TARGET_READY_P50_S = 0.3
 TARGET_SPEEDUP = 20.0          # the copy's p50 / ours: ratio <= 1 / 20
-IMAGE_VERSION = 1
-# What the sandbox itself runs (bwrap's init, exec, write_file) and what a cycle runs.
-ESSENTIAL_BINS = ("bash", "sh", "dash", "true", "id", "cat", "sleep", "mkdir", "chmod", "dirname", "ls", "env",
-                  "rm", "touch", "python3", "python3.11")
-STDLIB_SKIP = {"__pycache__", "config-3.11-x86_64-linux-gnu", "idlelib", "tkinter", "turtledemo", "ensurepip"}
-# Bulk added after the essentials, entry by entry in this order, until the image is big enough.
-FILLERS = ("/usr/lib/python3", "/usr/bin", "/usr/sbin", "/usr/lib/x86_64-linux-gnu", "/usr/share", "/usr/lib")
-MOUNT_POINTS = ("proc", "dev", "tmp", "run/agentrl", "testbed", "root", "home/agent", "var/tmp", "usr/sbin")
+IMAGE_VERSION = 2
 
 REPO_FILES = {
     "calc.py": "def add(a, b):\n    return a + b\n",
@@ -64,81 +58,11 @@ GRADE_CMD = ["python3", "-m", "unittest", "-q", "test_calc"]
 
 # ---------------------------------------------------------------- the image
 
-def _tree_bytes(path: Path) -> int:
-    st = path.lstat()
-    total = st.st_blocks * 512
-    if path.is_dir() and not path.is_symlink():
-        for root, dirs, files in os.walk(path):
-            for name in dirs + files:
-                total += os.lstat(os.path.join(root, name)).st_blocks * 512
-    return total
-
-
 def _du(path: Path) -> tuple[int, int]:
     """(bytes on disk as du counts them, number of entries)."""
     kib = int(subprocess.run(["du", "-sk", str(path)], capture_output=True, text=True, check=True).stdout.split()[0])
     n = sum(1 + len(d) + len(f) for _, d, f in os.walk(path)) - 1
     return kib * 1024, n
-
-
-def _copy_entry(src: str, root: Path) -> None:
-    """Copy one host path (file, symlink or tree) to the same path under `root`, parents made as needed."""
-    dst = root / src.lstrip("/")
-    if os.path.lexists(dst):
-        return
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["cp", "-a", src, str(dst)], check=True, capture_output=True)
-
-
-def _usr_path(path: str) -> str:
-    """/lib/x/libc.so.6 -> /usr/lib/x/libc.so.6 on a merged-/usr host (the file itself is not resolved)."""
-    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
-
-
-def _copy_chain(path: str, root: Path) -> None:
-    """Copy `path` and, if it is a symlink, everything its chain of links passes through."""
-    seen = set()
-    p = _usr_path(path)
-    while p not in seen and os.path.lexists(p):
-        seen.add(p)
-        _copy_entry(p, root)
-        if not os.path.islink(p):
-            break
-        p = _usr_path(os.path.normpath(os.path.join(os.path.dirname(p), os.readlink(p))))
-
-
-def _essentials(root: Path) -> None:
-    for name in ESSENTIAL_BINS:
-        exe = shutil.which(name, path="/usr/bin:/bin")
-        if exe is None:
-            continue
-        _copy_chain(exe, root)
-        out = subprocess.run(["ldd", os.path.realpath(exe)], capture_output=True, text=True).stdout
-        for line in out.splitlines():
-            parts = line.split()
-            lib = parts[2] if "=>" in parts and len(parts) > 2 else parts[0] if parts else ""
-            if lib.startswith("/"):
-                _copy_chain(lib, root)
-    stdlib = f"/usr/lib/python{sys.version_info.major}.{sys.version_info.minor}"
-    py = Path(os.path.realpath(shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3")).name
-    stdlib = f"/usr/lib/{py}" if os.path.isdir(f"/usr/lib/{py}") else stdlib
-    shutil.copytree(stdlib, root / stdlib.lstrip("/"), symlinks=True, dirs_exist_ok=True,
-                    ignore=lambda d, names: [n for n in names if n in STDLIB_SKIP or n == "test"])
-
-
-def _skeleton(root: Path) -> None:
-    (root / "usr").mkdir(parents=True, exist_ok=True)
-    for d in ("bin", "sbin", "lib", "lib64"):
-        if os.path.islink(f"/{d}"):
-            (root / d).symlink_to(os.readlink(f"/{d}"))
-    # bwrap mounts onto these; on a read-only rootfs it cannot create them itself.
-    for d in MOUNT_POINTS:
-        (root / d).mkdir(parents=True, exist_ok=True)
-    (root / "tmp").chmod(0o1777)
-    (root / "var/tmp").chmod(0o1777)
-    (root / "root").chmod(0o700)
-    os.chown(root / "home/agent", AGENT_UID, AGENT_GID)
-    write_minimal_etc(root / "etc")
 
 
 def build_image(cache: Path, min_mib: int, log) -> dict:
@@ -155,20 +79,8 @@ def build_image(cache: Path, min_mib: int, log) -> dict:
     root = home / "rootfs"
     log(f"building a {min_mib} MiB image from the host's /usr in {root} (once) ...")
     t0 = time.monotonic()
-    _skeleton(root)
-    _essentials(root)
-    target, size = min_mib * 2**20, _tree_bytes(root)
-    for filler in FILLERS:
-        if size >= target or not os.path.isdir(filler):
-            continue
-        for name in sorted(os.listdir(filler)):
-            if size >= target:
-                break
-            src = os.path.join(filler, name)
-            if os.path.lexists(root / src.lstrip("/")):
-                continue
-            size += _tree_bytes(Path(src))
-            _copy_entry(src, root)
+    build_host_rootfs(root, min_bytes=min_mib * 2**20)
+    target = min_mib * 2**20
     nbytes, files = _du(root)
     if nbytes < target:
         raise SystemExit(f"sandbox_bench: the image at {root} is {nbytes / 2**20:.0f} MiB, short of the "

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -110,6 +111,8 @@ def test_no_process_outlives_the_sandbox(repo):
 
 
 def test_a_killed_owner_takes_its_sandboxes_with_it(repo, tmp_path):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
     script = tmp_path / "owner.py"
     script.write_text(f"""
 import asyncio, sys
@@ -117,7 +120,7 @@ sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
 from hpc.sandbox.base import SandboxSpec
 from hpc.sandbox.bwrap import BwrapSandbox
 async def main():
-    sb = BwrapSandbox(SandboxSpec(workdir_source={str(repo)!r}))
+    sb = BwrapSandbox(SandboxSpec(workdir_source={str(repo)!r}, scratch_dir={str(scratch)!r}))
     await sb.start()
     await sb.exec("setsid sleep 4343 > /dev/null 2>&1 < /dev/null & sleep 0.3")
     print("ready", flush=True)
@@ -135,6 +138,16 @@ asyncio.run(main())
     assert not sandbox_processes("sleep 4343")
     # Its copy-on-write mounts lived in the sandbox's own mount namespace: gone with it.
     assert not [m for m in Path("/proc/mounts").read_text().splitlines() if f"lowerdir={repo}" in m]
+    # Its scratch dirs (layers, /etc) stay until the next sandbox on the node reaps them.
+    leftovers = sorted(p.name for p in scratch.iterdir())
+    assert len(leftovers) == 2 and all(f".{owner.pid}." in name for name in leftovers)
+
+    async def next_sandbox():
+        async with BwrapSandbox(SandboxSpec(workdir_source=str(repo), scratch_dir=str(scratch))):
+            return sorted(p.name for p in scratch.iterdir())
+    during = run(next_sandbox())
+    assert not set(leftovers) & set(during) and len(during) == 2
+    assert not list(scratch.iterdir())
 
 
 def test_network_only_the_own_adapter_is_reachable(repo, tmp_path):
@@ -187,3 +200,26 @@ def test_command_lines():
     with pytest.raises(ValueError):
         run(BwrapSandbox(SandboxSpec()).exec("true", user="nobody"))
 
+
+
+def test_unprivileged_the_runtime_says_it_needs_root():
+    with tempfile.TemporaryDirectory() as d:   # pytest's tmp_path is root's alone
+        _unprivileged_start(Path(d))
+
+
+def _unprivileged_start(tmp_path):
+    tmp_path.chmod(0o777)
+    script = tmp_path / "try.py"
+    script.write_text(f"""
+import asyncio, sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+from hpc.sandbox.base import SandboxError, SandboxSpec
+from hpc.sandbox.bwrap import BwrapSandbox
+try:
+    asyncio.run(BwrapSandbox(SandboxSpec(scratch_dir={str(tmp_path)!r})).start())
+except SandboxError as e:
+    print(e)
+""")
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+                        str(script)], capture_output=True, text=True, timeout=60)
+    assert "needs root" in r.stdout and "sandbox.runtime: apptainer" in r.stdout, r.stderr

@@ -417,3 +417,23 @@ def test_factory(tmp_path, image):
     assert isinstance(make_sandbox("local", SandboxSpec(), allow_unsafe_local=True), LocalSandbox)
     with pytest.raises(ValueError, match="unknown sandbox runtime 'docker': choose one of bwrap, apptainer, local"):
         make_sandbox("docker", SandboxSpec())
+
+
+def test_scratch_names_carry_their_owner_and_only_dead_owners_are_reaped(tmp_path):
+    from hpc.sandbox.scratch import make_scratch, owner_of, reap_abandoned
+    mine = make_scratch("bwrap", str(tmp_path))
+    assert owner_of(mine.name) == (socket.gethostname(), os.getpid())
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    host = socket.gethostname()
+    gone = tmp_path / f"agentrl-layer.{host}.{dead.pid}.x1"
+    (gone / "work/work").mkdir(parents=True)
+    (gone / "work/work").chmod(0)
+    elsewhere = tmp_path / f"agentrl-layer.other-host.{dead.pid}.x2"
+    alive = tmp_path / f"agentrl-layer.{host}.1.x3"             # pid 1 is alive
+    foreign = tmp_path / "someone-elses-dir"
+    for d in (elsewhere, alive, foreign):
+        d.mkdir()
+    assert reap_abandoned(str(tmp_path)) == [gone]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, elsewhere.name, alive.name, foreign.name])
+    assert owner_of("agentrl-layer.a.b.c.12.zz") == ("a.b.c", 12) and owner_of("agentrl-x") is None

@@ -15,11 +15,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hpc.sandbox.base import SandboxError, SandboxSpec
-from hpc.sandbox.bwrap import BwrapSandbox
+from hpc.images.cache import ImageCache
+from hpc.sandbox.base import SandboxError
+from hpc.sandbox.factory import Runtime
 
 from . import episode
-from .task import HOST_IMAGE, TaskSpec, decode_payload
+from .sandboxes import task_sandbox
+from .task import TaskSpec, decode_payload
 
 _SPEC_KEYS = ("instance_id", "image", "workdir", "eval_command", "timeouts", "resources", "base_commit",
               "reset_to_base_commit", "files_to_exclude_from_patch")
@@ -73,13 +75,18 @@ def _materialize(files: dict[str, bytes], into: Path) -> Path:
     return into
 
 
-async def _attempt(task: LoadedTask, repo: Path | None, oracle: bool, scratch: str | None) -> float:
+@dataclass(frozen=True)
+class Where:
+    """Where the attempts run: the sandbox runtime, the image cache, node-local scratch disk."""
+    runtime: Runtime = "bwrap"
+    cache: ImageCache | None = None
+    scratch: str | None = None
+
+
+async def _attempt(task: LoadedTask, repo: Path | None, oracle: bool, where: Where) -> float:
     spec = task.spec
-    if spec.image != HOST_IMAGE:
-        raise SandboxError(f"{spec.instance_id}: image {spec.image!r}: only host-image tasks run here yet "
-                           "(images from hpc.images arrive in the sandbox runtime next)")
-    sb_spec = SandboxSpec(workdir=spec.workdir, workdir_source=str(repo) if repo else None, scratch_dir=scratch)
-    async with BwrapSandbox(sb_spec) as sb:
+    async with task_sandbox(spec, runtime=where.runtime, cache=where.cache, workdir_source=repo,
+                            scratch_dir=where.scratch) as sb:
         await episode.baseline(sb, spec)
         if oracle:
             await sb.write_file("/solution/solve.sh", task.solution, mode=0o755)
@@ -89,8 +96,8 @@ async def _attempt(task: LoadedTask, repo: Path | None, oracle: bool, scratch: s
         return (await episode.grade(sb, spec, task.tests, env=task.verifier_env)).reward
 
 
-async def check_task(task: LoadedTask, scratch: str | None = None) -> CheckRow:
-    tmp = Path(tempfile.mkdtemp(prefix="task-", dir=scratch))
+async def check_task(task: LoadedTask, where: Where = Where()) -> CheckRow:
+    tmp = Path(tempfile.mkdtemp(prefix="task-", dir=where.scratch))
     try:
         repo = _materialize(task.testbed, tmp / "repo") if task.testbed else None
         results, times, problems = {}, {}, []
@@ -101,7 +108,7 @@ async def check_task(task: LoadedTask, scratch: str | None = None) -> CheckRow:
                 problems.append("no solution/solve.sh")
                 continue
             try:
-                results[mode] = await _attempt(task, repo, mode == "oracle", scratch)
+                results[mode] = await _attempt(task, repo, mode == "oracle", where)
             except SandboxError as e:
                 results[mode] = None
                 problems.append(f"{mode}: {e}")
@@ -116,13 +123,13 @@ async def check_task(task: LoadedTask, scratch: str | None = None) -> CheckRow:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-async def check_tasks(tasks: list[LoadedTask], concurrency: int = 2, scratch: str | None = None,
+async def check_tasks(tasks: list[LoadedTask], concurrency: int = 2, where: Where = Where(),
                       progress=None) -> list[CheckRow]:
     sem = asyncio.Semaphore(concurrency)
 
     async def one(t: LoadedTask) -> CheckRow:
         async with sem:
-            row = await check_task(t, scratch)
+            row = await check_task(t, where)
         if progress:
             progress(row)
         return row
@@ -178,7 +185,8 @@ def main(args) -> int:
         if not args.json:
             print(f"  {row.instance_id}: oracle {row.oracle_reward}, no-op {row.noop_reward}"
                   f"{'  <- ' + row.problem if row.problem else ''}", file=sys.stderr, flush=True)
-    rows = asyncio.run(check_tasks(tasks, args.concurrency, args.scratch, progress))
+    where = Where(args.runtime, ImageCache(args.image_cache) if args.image_cache else None, args.scratch)
+    rows = asyncio.run(check_tasks(tasks, args.concurrency, where, progress))
     print(render_table(rows))
     if args.json:
         print(rows_json(rows))

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc.sandbox.base import ExecResult, Sandbox, SandboxError
+from hpc.sandbox.base import AGENT_GID, AGENT_UID, ExecResult, Sandbox, SandboxError
 
 from .task import RewardError, TaskSpec, reward_from
 
@@ -59,6 +59,12 @@ async def baseline(sb: Sandbox, spec: TaskSpec) -> None:
     await _check(sb, [*_git(w, "add", "-A", "-f", ".")], "git add", user="root", cwd=w)
     await _check(sb, [*_git(w, "commit", "-q", "--allow-empty", "--no-verify", "-m", "start")],
                  "git commit", user="root", cwd=w)
+    # An image's work tree belongs to its root; the agent is not root. On an overlay this
+    # copies metadata only. (The local runtime's "root" is the current user: nothing to hand over.)
+    owner = f"{AGENT_UID}:{AGENT_GID}"
+    await _check(sb, ["sh", "-c", f'[ "$(id -u)" != 0 ] || [ "$(stat -c %u:%g "$0")" = {owner} ] '
+                                  f'|| chown -R {owner} "$0"', w],
+                 "hand the work tree to the agent", user="root", cwd="/")
 
 
 async def run_agent(sb: Sandbox, spec: TaskSpec, command: Sequence[str] | str,

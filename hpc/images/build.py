@@ -94,10 +94,12 @@ def build_image(source: str | Path, cache: ImageCache, fmt: str = "rootfs", ref:
                 fakeroot: bool = False, label: str | None = None) -> tuple[Entry, bool]:
     """The cache entry for `source` in `fmt`, built if absent; True if this call built it.
 
-    `label` is what the entry records as its source (default: `source`)."""
+    `label` is what the entry records as its source, by which tasks find it (default: `source`,
+    a path made absolute)."""
     source = str(source)
     if is_reference(source):
         return _build_reference(source, cache, fmt, fakeroot)
+    label = label or os.path.abspath(source)
     with open_image(source, ref) as image:
         if fmt == "rootfs":
             def build(payload: Path) -> None:
@@ -108,7 +110,7 @@ def build_image(source: str | Path, cache: ImageCache, fmt: str = "rootfs", ref:
             def build(payload: Path) -> None:
                 require_tool("apptainer", "building a SIF", [shlex.join(apptainer_build_command("OUT.sif", uri))])
                 _run(apptainer_build_command(payload, uri, fakeroot), f"building {payload.name} from {source}")
-        return cache.build_or_get(image.image_id, fmt, label or source, build, image.manifest_digest)
+        return cache.build_or_get(image.image_id, fmt, label, build, image.manifest_digest)
 
 
 def _build_reference(ref: str, cache: ImageCache, fmt: str, fakeroot: bool) -> tuple[Entry, bool]:
@@ -144,7 +146,7 @@ def build_many(sources: Sequence[str], cache: ImageCache, fmt: str = "rootfs", f
         except (ImageError, CacheError, OSError) as e:
             results[src], line = e, f"FAILED: {e}"
         if bar is not None:
-            bar.write(f"{src}: {line}")
+            bar.write(f"{src}: {line}", file=out)
             bar.update()
         else:
             print(f"[{i}/{len(sources)}] {src}: {line}", file=out, flush=True)

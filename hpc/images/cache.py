@@ -132,6 +132,13 @@ class ImageCache:
                         and (e := self._valid(p, None, f)) is not None]
         return out
 
+    def find(self, source: str, fmt: Format) -> Entry | None:
+        """The newest complete entry built from `source` (as `build_image` was given it), or None."""
+        if fmt not in FORMATS:
+            raise CacheError(f"unknown image format {fmt!r} (one of {', '.join(FORMATS)})")
+        hits = [e for e in self.list(fmt) if e.record.source == source]
+        return max(hits, key=lambda e: e.record.created, default=None)
+
     def _aside(self, path: Path) -> Path | None:
         """Rename `path` to a private trash name (atomic), or None if it is gone already."""
         trash = path.parent / f".trash-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"

@@ -60,6 +60,7 @@ from .base import (
     write_file_via_exec,
 )
 from .layers import Layer, make_layer
+from .scratch import make_scratch, reap_abandoned
 
 FORWARDER_IN_SANDBOX = "/run/agentrl/forwarder.py"
 FORWARDER_HOST = str(Path(__file__).with_name("forwarder.py"))
@@ -177,7 +178,8 @@ class ApptainerSandbox(SandboxContext):
             raise SandboxError(f"{self.apptainer} is not installed or not on PATH (module load apptainer?)")
         spec = self.spec
         try:
-            self._scratch = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=spec.scratch_dir))
+            reap_abandoned(spec.scratch_dir)
+            self._scratch = make_scratch("apptainer", spec.scratch_dir)
             for d in ("work", "home", "env"):
                 (self._scratch / d).mkdir(mode=0o700)
             worktree = None

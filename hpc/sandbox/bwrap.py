@@ -22,7 +22,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -42,7 +41,8 @@ from .base import (
     sandbox_env,
     write_file_via_exec,
 )
-from .layers import Layer, make_layer, planned_overlay
+from .layers import Layer, planned_overlay
+from .scratch import make_scratch, reap_abandoned
 
 _USR_MERGED = ("bin", "sbin", "lib", "lib64")
 
@@ -107,12 +107,19 @@ class BwrapSandbox(SandboxContext):
         await asyncio.to_thread(self._start)
 
     def _start(self) -> None:
+        if os.geteuid() != 0:
+            # Unprivileged bwrap nests a second user namespace under the one that owns the
+            # sandbox's other namespaces, so nsenter (how exec gets in) cannot join them
+            # (checked with bwrap 0.8: "reassociate to namespace 'ns/ipc' failed").
+            raise SandboxError("the bwrap runtime needs root (it enters the sandbox with nsenter); "
+                               "unprivileged, use sandbox.runtime: apptainer")
         for tool in ("bwrap", "nsenter"):
             if shutil.which(tool) is None:
                 raise SandboxError(f"{tool} is not installed (Debian: apt-get install "
                                    f"{'bubblewrap' if tool == 'bwrap' else 'util-linux'})")
         spec = self.spec
-        self._scratch = Path(tempfile.mkdtemp(prefix="sandbox-", dir=spec.scratch_dir))
+        reap_abandoned(spec.scratch_dir)
+        self._scratch = make_scratch("bwrap", spec.scratch_dir)
         try:
             workdir_host = rootfs_host = etc_host = None
             if spec.rootfs:
@@ -144,10 +151,7 @@ class BwrapSandbox(SandboxContext):
             raise
 
     def _layer(self, source: str, uid: int | None, gid: int | None) -> Layer:
-        if os.geteuid() == 0:
-            layer = planned_overlay(Path(source), self.spec.scratch_dir, uid, gid)
-        else:
-            layer = make_layer(Path(source), self.spec.scratch_dir, uid, gid, kind="copy")
+        layer = planned_overlay(Path(source), self.spec.scratch_dir, uid, gid)
         self._layers.append(layer)
         return layer
 

@@ -13,9 +13,10 @@ import os
 import shlex
 import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from .scratch import make_scratch
 
 
 class LayerError(RuntimeError):
@@ -59,7 +60,7 @@ def planned_overlay(source: Path, scratch_root: str | None, uid: int | None, gid
     """An overlay that is not mounted yet: its `setup` commands mount it where the caller runs them."""
     if not source.is_dir():
         raise LayerError(f"{source} is not a directory")
-    scratch = Path(tempfile.mkdtemp(prefix="sbx-", dir=scratch_root))
+    scratch = make_scratch("layer", scratch_root)
     merged, opts = _overlay_dirs(source, scratch)
     setup = [shlex.join(["mount", "-t", "overlay", "overlay", "-o", opts, str(merged)])]
     if uid is not None and gid is not None:
@@ -98,7 +99,7 @@ def make_layer(source: Path, scratch_root: str | None, uid: int | None, gid: int
     """A writable layer over `source`: overlay where this process may mount, else a copy."""
     if not source.is_dir():
         raise LayerError(f"{source} is not a directory")
-    scratch = Path(tempfile.mkdtemp(prefix="sbx-", dir=scratch_root))
+    scratch = make_scratch("layer", scratch_root)
     if kind == "overlay" or (kind == "auto" and os.geteuid() == 0):
         try:
             return overlay_layer(source, scratch, uid, gid)
@@ -107,5 +108,5 @@ def make_layer(source: Path, scratch_root: str | None, uid: int | None, gid: int
                 shutil.rmtree(scratch, ignore_errors=True)
                 raise
             shutil.rmtree(scratch, ignore_errors=True)
-            scratch = Path(tempfile.mkdtemp(prefix="sbx-", dir=scratch_root))
+            scratch = make_scratch("layer", scratch_root)
     return copy_layer(source, scratch, uid, gid)

@@ -14,12 +14,12 @@ import asyncio
 import os
 import posixpath
 import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .base import ExecResult, SandboxContext, SandboxError, SandboxSpec, as_argv, check_user, run_process, sandbox_env
 from .layers import Layer, make_layer
+from .scratch import make_scratch, reap_abandoned
 
 UNSAFE_MESSAGE = (
     "the local sandbox runtime runs agent commands on this host with no isolation (file system, "
@@ -40,7 +40,8 @@ class LocalSandbox(SandboxContext):
         await asyncio.to_thread(self._start)
 
     def _start(self) -> None:
-        self._scratch = Path(tempfile.mkdtemp(prefix="sandbox-local-", dir=self.spec.scratch_dir))
+        reap_abandoned(self.spec.scratch_dir)
+        self._scratch = make_scratch("local", self.spec.scratch_dir)
         try:
             (self._scratch / "home").mkdir()
             if self.spec.workdir_source:

@@ -1,0 +1,64 @@
+"""A task's sandbox: its image resolved to what the runtime runs, its work tree, its scratch disk.
+
+A task names its image as the data set does: `host` (the host's own /usr, read-only, for
+tasks that need only the host's programs), a path (a rootfs directory for bwrap, a SIF or
+sandbox directory for Apptainer), or anything `agentrl images build` was given (a registry
+reference, an OCI layout, an archive), found in the image cache by that name.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from hpc.images.cache import ImageCache
+from hpc.sandbox.base import Sandbox, SandboxError, SandboxSpec
+from hpc.sandbox.factory import Runtime, make_sandbox
+
+from .task import HOST_IMAGE, TaskSpec
+
+_FORMAT = {"bwrap": "rootfs", "apptainer": "sif"}
+
+
+def resolve_image(image: str, runtime: Runtime, cache: ImageCache | None) -> str | None:
+    """What `runtime` runs for a task's `image`: a path, or None for the host's own /usr.
+
+    Raises SandboxError (an infrastructure failure, not the agent's) naming the command that
+    builds a missing image.
+    """
+    if image == HOST_IMAGE or runtime == "local":
+        return None
+    if runtime == "bwrap" and os.path.isdir(os.path.join(image, "usr")):
+        return image                      # an extracted rootfs
+    if runtime == "apptainer" and (image.endswith(".sif") or os.path.isdir(os.path.join(image, "usr"))) \
+            and os.path.exists(image):
+        return image                      # a SIF or a sandbox directory
+    # a registry reference, an OCI layout or an archive: built into the cache under that name
+    return _cached(os.path.abspath(image) if os.path.exists(image) else image, runtime, cache)
+
+
+def _cached(image: str, runtime: Runtime, cache: ImageCache | None) -> str:
+    fmt = _FORMAT[runtime]
+    build = f"agentrl images build {image} --cache {cache.root if cache else 'DIR'} --format {fmt}"
+    if cache is None:
+        raise SandboxError(f"image {image!r} needs the image cache: pass --image-cache DIR "
+                           f"(sandbox.image_cache in a run config), after `{build}`")
+    entry = cache.find(image, fmt)
+    if entry is None:
+        raise SandboxError(f"image {image!r} is not in the cache {cache.root} as {fmt}: run `{build}`")
+    return str(entry.payload)
+
+
+def task_sandbox(spec: TaskSpec, *, runtime: Runtime = "bwrap", cache: ImageCache | None = None,
+                 workdir_source: Path | str | None = None, scratch_dir: str | None = None,
+                 env: Mapping[str, str] | None = None, adapter_socket: str | None = None,
+                 ro_binds: Mapping[str, str] | None = None, allow_unsafe_local: bool = False,
+                 fakeroot: bool = False) -> Sandbox:
+    """The (unstarted) sandbox for one attempt at `spec`."""
+    image = resolve_image(spec.image, runtime, cache)
+    sb_spec = SandboxSpec(workdir=spec.workdir, workdir_source=str(workdir_source) if workdir_source else None,
+                          rootfs=image if runtime == "bwrap" else None, env=dict(env or {}),
+                          ro_binds=dict(ro_binds or {}), adapter_socket=adapter_socket, scratch_dir=scratch_dir)
+    return make_sandbox(runtime, sb_spec, image=image if runtime == "apptainer" else None,
+                        allow_unsafe_local=allow_unsafe_local, fakeroot=fakeroot)

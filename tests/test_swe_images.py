@@ -1,0 +1,83 @@
+"""Tasks whose image is not the host: built into the image cache, found by name, run in bwrap."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from oci_builder import dir_entries, write_oci_layout
+
+from agentrl.swe.sandboxes import resolve_image
+from hpc.images.build import build_image
+from hpc.images.cache import ImageCache
+from hpc.images.hostroot import build_host_rootfs
+from hpc.sandbox.base import SandboxError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (make sysdeps)")
+
+
+@pytest.fixture(scope="module")
+def python_image(tmp_path_factory) -> Path:
+    """An OCI layout of a small image with bash, git, Python and one task's repository (root's, as
+    in a real image), made from the host's programs."""
+    work = tmp_path_factory.mktemp("image")
+    build_host_rootfs(work / "rootfs")
+    shutil.copytree(ROOT / "tasks/roman-subtractive/environment/repo", work / "rootfs/testbed", dirs_exist_ok=True)
+    # Prove the sandbox runs the image, not the host: a marker only the image has.
+    (work / "rootfs/etc/agentrl-image").write_text("from-the-image\n")
+    write_oci_layout(work / "layout", [dir_entries(work / "rootfs")], compression=[None])
+    return work / "layout"
+
+
+def _task_with_image(src: str, image: str, dest: Path) -> Path:
+    shutil.copytree(ROOT / "tasks" / src, dest)
+    toml = dest / "task.toml"
+    toml.write_text(re.sub(r'docker_image = ".*"', f'docker_image = "{image}"', toml.read_text()))
+    # The oracle also checks that it runs in the image.
+    solve = dest / "solution/solve.sh"
+    solve.write_text(solve.read_text().replace("set -euo pipefail\n",
+                                               "set -euo pipefail\ngrep -q from-the-image /etc/agentrl-image\n", 1))
+    return dest
+
+
+def _check(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agentrl.cli", "tasks", "check", *args, "--json"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+
+
+def test_a_task_runs_in_its_built_image_found_in_the_cache_by_name(python_image, tmp_path):
+    cache = tmp_path / "cache"
+    task = _task_with_image("roman-subtractive", str(python_image), tmp_path / "in-image")
+
+    before = _check(str(task), "--image-cache", str(cache))
+    assert before.returncode == 1
+    problem = json.loads(before.stdout.strip().splitlines()[-1])["tasks"][0]["problem"]
+    assert f"agentrl images build {python_image} --cache {cache} --format rootfs" in problem
+
+    entry, built = build_image(str(python_image), ImageCache(cache))
+    assert built and entry.record.source == str(python_image)
+    after = _check(str(task), "--image-cache", str(cache))
+    row = json.loads(after.stdout.strip().splitlines()[-1])["tasks"][0]
+    assert after.returncode == 0, row
+    assert (row["oracle_reward"], row["noop_reward"]) == (1.0, 0.0)
+
+
+def test_image_names_resolve_by_runtime(python_image, tmp_path):
+    cache = ImageCache(tmp_path / "cache")
+    assert resolve_image("host", "bwrap", cache) is None
+    assert resolve_image("anything", "local", None) is None
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "usr").mkdir(parents=True)
+    assert resolve_image(str(rootfs), "bwrap", None) == str(rootfs)
+    sif = tmp_path / "x.sif"
+    sif.write_bytes(b"")
+    assert resolve_image(str(sif), "apptainer", None) == str(sif)
+    with pytest.raises(SandboxError, match="needs the image cache: pass --image-cache"):
+        resolve_image("python:3.11", "bwrap", None)
+    with pytest.raises(SandboxError, match=r"not in the cache .* as sif: run `agentrl images build python:3.11"):
+        resolve_image("python:3.11", "apptainer", cache)

@@ -72,6 +72,19 @@ def _add_images_parser(sub) -> None:
     b.set_defaults(func=run)
 
 
+def _add_adapter_parser(sub) -> None:
+    from .adapter import serve
+
+    ad = sub.add_parser("adapter", help="the model adapter that agent CLIs talk to",
+                        description="Anthropic and OpenAI endpoints over SGLang /generate, recording "
+                                    "token-exact trajectories; see docs/adapter.md.")
+    ad_sub = ad.add_subparsers(dest="adapter_command", required=True)
+    s = ad_sub.add_parser("serve", help="run the adapter stand-alone", description=serve.__doc__,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve.add_arguments(s)
+    s.set_defaults(func=serve.run)
+
+
 def _add_tasks_parser(sub) -> None:
     t = sub.add_parser("tasks", help="check a task set before training on it")
     t_sub = t.add_subparsers(dest="tasks_command", required=True)
@@ -119,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_convert(sub)
     _add_images_parser(sub)
     _add_tasks_parser(sub)
+    _add_adapter_parser(sub)
     return p
 
 

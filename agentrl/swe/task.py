@@ -17,6 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from hpc.validation import problems
+
 HOST_IMAGE = "host"  # the host's own root filesystem, for the bundled tasks
 
 # Payloads (test.sh, a SWE-bench config.json with hundreds of KB of test names)
@@ -95,11 +97,7 @@ def load_task_spec(data: Any, source: str = "task") -> TaskSpec:
     try:
         return TaskSpec.model_validate(data)
     except ValidationError as e:
-        problems = []
-        for err in e.errors():
-            field = ".".join(str(p) for p in err["loc"]) or "(task)"
-            problems.append(f"{source}: {field}: {err['msg']}")
-        raise TaskSpecError("\n".join(problems)) from None
+        raise TaskSpecError("\n".join(f"{source}: {field or '(task)'}: {msg}" for field, msg in problems(e))) from None
 
 
 def encode_payload(data: bytes) -> str:

@@ -14,6 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hpc.validation import problems
+
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 
@@ -205,11 +207,7 @@ def load_plan(launch: dict[str, Any], partitions: dict[str, Any] | None = None) 
 
 def _explain(e: ValidationError) -> str:
     lines = []
-    for err in e.errors():
-        loc = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key (a typo? see docs/launch.md for the keys a plan takes)"
+    for loc, msg in problems(e, "unknown key (a typo? see docs/launch.md for the keys a plan takes)"):
         for line in msg.splitlines():
             lines.append(f"launch.{line}" if not loc else f"launch.{loc}: {line}")
     return "bad launch plan:\n  " + "\n  ".join(lines)

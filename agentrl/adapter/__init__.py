@@ -1,0 +1,1 @@
+"""The adapter between agent CLIs and the SGLang model server."""

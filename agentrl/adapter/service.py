@@ -1,0 +1,156 @@
+"""One model turn: chat -> token ids -> /generate -> parsed reply, recorded in the session's tree.
+
+The wire (HTTP, SSE) is app.py's; this is the part every protocol shares.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .parsers import ParsedOutput, parse_output, validate_parsers
+from .render import incremental_problem
+from .session import Session, SessionStore, merge_sampling
+from .trajectory import Turn
+from .upstream import UpstreamError, UpstreamPool
+from .wire import Chat, WireError
+
+
+class AdapterConfig(BaseModel):
+    """Everything the adapter is told, validated in one place."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokenizer: Path
+    upstreams: list[str] = Field(min_length=1)
+    tool_parser: str | None = "qwen3_coder"
+    reasoning_parser: str | None = "qwen3"
+    max_context: int = Field(default=32768, gt=0)
+    max_new_tokens: int | None = Field(default=None, gt=0)   # per turn; None: what the context leaves
+    realign_window: int = Field(default=32, ge=0)
+    verify_render_every: int = Field(default=50, ge=0)   # check every Nth incremental render; 0: never
+    incremental: bool = True             # False: render and tokenize every chat whole (a baseline, debugging)
+    open_unknown_keys: bool = False
+    public_url: str | None = None        # advertised base URL (a proxy path included), else http://host:port
+    max_body_bytes: int = Field(default=64 * 2**20, gt=0)
+    upstream_timeout_s: float = Field(default=600.0, gt=0)
+    model_name: str = "agentrl"
+
+    @field_validator("upstreams")
+    @classmethod
+    def _urls(cls, v: list[str]) -> list[str]:
+        bad = [u for u in v if not u.startswith(("http://", "https://"))]
+        if bad:
+            raise ValueError(f"upstream URLs must start with http:// or https://: {bad}")
+        return v
+
+    @model_validator(mode="after")
+    def _parsers(self) -> AdapterConfig:
+        validate_parsers(self.tool_parser, self.reasoning_parser)
+        if not (self.tokenizer / "tokenizer_config.json").is_file():
+            raise ValueError(f"{self.tokenizer} holds no tokenizer_config.json: point --tokenizer at a "
+                             "Hugging Face model or tokenizer directory")
+        return self
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    parsed: ParsedOutput
+    finish: Literal["stop", "length"]
+    prompt_tokens: int
+    completion_tokens: int
+    recorded: bool               # False when the prompt alone filled the context: nothing was sampled
+
+    @property
+    def usage(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
+
+
+def load_tokenizer(path: Path) -> Any:
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+class Adapter:
+    def __init__(self, config: AdapterConfig, tokenizer: Any = None, pool: UpstreamPool | None = None):
+        self.config = config
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer)
+        if not self.tokenizer.chat_template:
+            raise ValueError(f"the tokenizer in {config.tokenizer} has no chat template")
+        self.pool = pool or UpstreamPool(config.upstreams, timeout_s=config.upstream_timeout_s)
+        # Checked once here, on probe conversations; every session's renderer trusts the verdict.
+        self.render_problem = incremental_problem(self.render_full) if config.incremental else "off in the config"
+        self.sessions = SessionStore(self.tokenizer, self.render_full, render_problem=self.render_problem,
+                                     verify_render_every=config.verify_render_every,
+                                     incremental_tokens=config.incremental,
+                                     realign_window=config.realign_window, open_unknown_keys=config.open_unknown_keys)
+        self.stop_ids = sorted({i for i in (self.tokenizer.eos_token_id,
+                                            self.tokenizer.convert_tokens_to_ids("<|im_end|>")) if isinstance(i, int)
+                                and i != self.tokenizer.unk_token_id})
+        self._decoder = getattr(self.tokenizer, "backend_tokenizer", None)
+        self.overhead_s: list[float] = []    # per turn, upstream excluded (benchmarks read it)
+
+    def render_full(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                                  add_generation_prompt=True)
+
+    def render(self, chat: Chat, session: Session | None = None) -> str:
+        try:
+            if session is None:
+                return self.render_full(chat.messages, chat.tools)
+            return session.renderer.render(chat.messages, chat.tools)
+        except Exception as e:   # a template raises for a conversation it cannot render (jinja's own errors)
+            raise WireError(f"the chat template cannot render this conversation: {e}") from None
+
+    def decode(self, ids: list[int]) -> str:
+        if self._decoder is not None:
+            return self._decoder.decode(ids, skip_special_tokens=False)
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def sampling_for(self, session: Session, chat: Chat, prompt_len: int) -> dict[str, Any]:
+        params = merge_sampling(session.sampling, chat.sampling)
+        room = self.config.max_context - prompt_len
+        wanted = [v for v in (params.get("max_new_tokens"), self.config.max_new_tokens) if v]
+        params["max_new_tokens"] = min([room, *wanted])
+        params["stop_token_ids"] = self.stop_ids
+        return params
+
+    async def turn(self, session: Session, chat: Chat) -> TurnResult:
+        t0 = time.perf_counter()
+        ids = session.tokens.encode_array(self.render(chat, session))
+        if len(ids) >= self.config.max_context:
+            session.stats["context_full"] += 1
+            return TurnResult(ParsedOutput(), "length", len(ids), 0, recorded=False)
+        params = self.sampling_for(session, chat, len(ids))
+        if session.upstream is None:
+            session.upstream = self.pool.pick()
+        t1 = time.perf_counter()
+        try:
+            gen = await self.pool.generate(session.upstream, ids, params)
+        except UpstreamError:
+            session.stats["upstream_errors"] += 1
+            session.upstream = None      # the next turn picks again: maybe another server
+            raise
+        t2 = time.perf_counter()
+        out = gen.output_ids
+        body = out[:-1] if out and (gen.matched_stop == out[-1] or out[-1] in self.stop_ids) else out
+        parsed = parse_output(self.decode(body), tool_parser=self.config.tool_parser,
+                              reasoning_parser=self.config.reasoning_parser, tools=chat.tools)
+        finish = "length" if gen.finish_reason == "length" else "stop"
+        session.tree.add(Turn(ids, out, gen.logprobs, finish, parsed.ill_formed,
+                              _version(gen.weight_version), meta={"t": time.time()}))
+        session.stats["ill_formed_turns"] += parsed.ill_formed
+        session.stats["length_stops"] += finish == "length"
+        self.overhead_s.append((t1 - t0) + (time.perf_counter() - t2))
+        return TurnResult(parsed, finish, len(ids), len(out), recorded=True)
+
+
+def _version(v: str | None) -> int | None:
+    try:
+        return int(v) if v is not None else None
+    except ValueError:
+        return None

@@ -1,0 +1,27 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_adapter_benchmark_prints_figures_beside_the_whole_chat_baseline(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/adapter_bench.py"), "--quick", "--rounds", "5",
+                        "--dir", str(tmp_path), "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    results = json.loads(lines[-1])
+    assert [row["figure"]["size"] for row in results["overhead"]] == [2000, 8000]
+    for row in results["overhead"]:
+        assert row["figure"]["history_tokens"] >= row["figure"]["size"]
+        assert 0 < row["figure"]["p50_s"] and 0 < row["baseline"]["p50_s"]
+    tp = results["throughput"]
+    assert tp["figure"]["turns_per_s"] > 0 and tp["baseline"]["turns_per_s"] > 0
+    assert any("ratio" in line for line in lines) and "target <= 1.3x" in r.stdout
+
+
+def test_adapter_benchmark_refuses_bad_arguments():
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/adapter_bench.py"), "--sessions", "0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "at least 1" in r.stderr

@@ -1,0 +1,99 @@
+"""The adapter as a real server: `agentrl adapter serve` on TCP and a Unix socket, client hang-ups."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from scripted_upstream import ScriptedUpstream
+
+from agentrl.adapter.serve import AdapterServer
+from agentrl.adapter.service import Adapter, AdapterConfig
+
+pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+DONE = {"role": "assistant", "content": "Done."}
+BODY = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "hello"}]}
+
+
+def test_serve_command_answers_on_tcp_and_on_its_unix_socket(tiny_model, tmp_path):
+    sock, token_file = tmp_path / "adapter.sock", tmp_path / "control"
+    with ScriptedUpstream(tiny_model, [DONE, DONE]) as upstream:
+        proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "adapter", "serve", "--upstream", upstream.url,
+                                 "--tokenizer", str(tiny_model), "--port", "0", "--uds", str(sock),
+                                 "--open-unknown-keys", "--control-token-file", str(token_file)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        try:
+            line = proc.stdout.readline()
+            assert line.startswith("agentrl adapter listening on http://127.0.0.1:"), proc.stderr.read()
+            url = line.split()[4]
+            tcp = httpx.post(f"{url}/v1/messages", json=BODY, headers={"x-api-key": "mine"}, timeout=30)
+            with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://adapter") as c:
+                unix = c.post("/v1/chat/completions", json=BODY, headers={"Authorization": "Bearer other"})
+            assert oct(sock.stat().st_mode & 0o777) == "0o666"       # the agent (uid 1000) connects to it
+            assert oct(token_file.stat().st_mode & 0o777) == "0o600"
+            ctl = {"x-agentrl-control": token_file.read_text().strip()}
+            done = httpx.post(f"{url}/_agentrl/finish_session", json={"key": "mine"}, headers=ctl, timeout=30)
+            denied = httpx.post(f"{url}/_agentrl/finish_session", json={"key": "other"}, timeout=30)
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    assert tcp.json()["content"] == [{"type": "text", "text": "Done."}]
+    assert unix.json()["choices"][0]["message"]["content"] == "Done."
+    assert done.status_code == 200 and len(done.json()["samples"]) == 1 and denied.status_code == 403
+
+
+def test_serve_command_refuses_bad_config_with_the_field_named(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "adapter", "serve", "--upstream", "localhost:30000",
+                        "--tokenizer", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 2 and "upstreams: upstream URLs must start with http://" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "adapter", "serve", "--upstream", "http://x",
+                        "--tokenizer", str(tmp_path), "--tool-parser", "xml"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=60)
+    assert r.returncode == 2 and "qwen3_coder" in r.stderr and str(tmp_path) not in r.stderr.split("xml")[0]
+
+
+def test_a_client_hanging_up_aborts_its_turn_and_others_go_on(tiny_model):
+    with ScriptedUpstream(tiny_model, [dict(DONE, delay_s=3), DONE]) as upstream:
+        adapter = Adapter(AdapterConfig(tokenizer=tiny_model, upstreams=[upstream.url]))
+        with AdapterServer(adapter) as server:
+            impatient = adapter.sessions.open().key
+            patient = adapter.sessions.open().key
+            t0 = time.monotonic()
+            try:
+                httpx.post(f"{server.url}/v1/messages", json=BODY, headers={"x-api-key": impatient}, timeout=0.5)
+                raise AssertionError("the slow turn answered")
+            except httpx.TimeoutException:
+                pass
+            deadline = time.monotonic() + 5
+            while adapter_stats(server)["client_aborts"] < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            aborted_after = time.monotonic() - t0
+            ok = httpx.post(f"{server.url}/v1/messages", json=BODY, headers={"x-api-key": patient}, timeout=30)
+            stats = adapter_stats(server)
+    assert stats["client_aborts"] == 1 and aborted_after < 2.5      # not after the upstream's 3 s
+    assert ok.status_code == 200
+    assert adapter.sessions.get(impatient).tree.turns == 0         # an aborted turn is not recorded
+    assert adapter.sessions.get(patient).tree.turns == 1
+
+
+def adapter_stats(server) -> dict:
+    return httpx.get(f"{server.url}/healthz", timeout=5).json()
+
+
+def test_registry_heartbeats_decide_which_servers_are_healthy(tmp_path):
+    from agentrl.adapter.upstream import registry_health
+    from hpc.registry import Registry
+
+    clock = [1000.0]
+    reg = Registry(tmp_path / "services", clock=lambda: clock[0])
+    a = reg.register("inference", 0, host="127.0.0.1", port=30000)
+    reg.register("inference", 1, host="127.0.0.1", port=30001)
+    clock[0] += 25
+    reg.heartbeat(a)
+    clock[0] += 10
+    healthy = registry_health(reg, ttl_s=30)
+    assert healthy("http://127.0.0.1:30000") and not healthy("http://127.0.0.1:30001")
+    assert not healthy("http://127.0.0.1:39999")          # not registered at all

@@ -1,0 +1,39 @@
+"""Build the tiny offline Qwen2-shaped model (tokenizer, chat template, random weights) into OUT_DIR.
+
+    python tools/make_tiny_model.py OUT_DIR [--vocab-size N] [--seed S] [--no-weights]
+
+Nothing is downloaded. Re-running with the same options is a no-op; OUT_DIR must be new, empty, or
+already hold this tiny model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from agentrl.models import tiny  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="make_tiny_model.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out_dir", metavar="OUT_DIR", type=Path, help="directory to create")
+    p.add_argument("--vocab-size", type=int, default=4000, help="tokens, added tokens included (default 4000)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    p.add_argument("--no-weights", dest="weights", action="store_false", help="write the tokenizer only")
+    args = p.parse_args(argv)
+    try:
+        out = tiny.make_tiny_model(args.out_dir, vocab_size=args.vocab_size, seed=args.seed, weights=args.weights)
+    except (ValueError, OSError) as e:
+        print(f"make_tiny_model.py: error: {e}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

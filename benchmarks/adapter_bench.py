@@ -34,7 +34,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agentrl.adapter.service import Adapter, AdapterConfig  # noqa: E402
+from agentrl.adapter.service import Adapter, AdapterConfig, load_tokenizer  # noqa: E402
 from agentrl.adapter.upstream import UpstreamPool  # noqa: E402
 from agentrl.adapter.wire import Chat  # noqa: E402
 from agentrl.models.tiny import assistant_text, make_tiny_model  # noqa: E402
@@ -95,8 +95,9 @@ class SessionDriver:
 async def overhead_at(model: Path, size: int, rounds: int, incremental: bool) -> dict:
     cfg = AdapterConfig(tokenizer=model, upstreams=["http://zero"], max_context=200_000, incremental=incremental,
                         verify_render_every=0)
-    adapter = Adapter(cfg, pool=UpstreamPool(cfg.upstreams))
-    adapter.pool._client = httpx.AsyncClient(transport=zero_latency_transport(reply_ids(adapter.tokenizer)))
+    tokenizer = load_tokenizer(model)
+    pool = UpstreamPool(cfg.upstreams, transport=zero_latency_transport(reply_ids(tokenizer)))
+    adapter = Adapter(cfg, tokenizer, pool)
     driver = SessionDriver(adapter)
     prompt = 0
     while prompt < size:                    # grow the history through the adapter itself

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from agentrl.adapter.app import CONTROL_HEADER, create_app
-from agentrl.adapter.service import Adapter, AdapterConfig
+from agentrl.adapter.service import Adapter, AdapterConfig, load_tokenizer
 from agentrl.adapter.upstream import UpstreamPool
 from agentrl.models.tiny import assistant_text
 
@@ -55,12 +55,11 @@ class Script:
             "output_token_logprobs": [[logprob(i, t), t, None] for i, t in enumerate(ids)]}})
 
 
-def make(tiny_model, steps, upstreams=("http://up",), healthy=None, **config):
+def make(tiny_model, steps, upstreams=("http://up",), live=None, **config):
     cfg = AdapterConfig(tokenizer=tiny_model, upstreams=list(upstreams), **config)
-    adapter = Adapter(cfg, pool=UpstreamPool(cfg.upstreams, transport=httpx.MockTransport(lambda r: None),
-                                             healthy=healthy))
-    script = Script(adapter.tokenizer, steps)
-    adapter.pool._client = httpx.AsyncClient(transport=httpx.MockTransport(script))
+    tokenizer = load_tokenizer(tiny_model)
+    script = Script(tokenizer, steps)
+    adapter = Adapter(cfg, tokenizer, UpstreamPool(live or cfg.upstreams, transport=httpx.MockTransport(script)))
     app = create_app(adapter, CTL[CONTROL_HEADER])
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://adapter")
     return adapter, script, client
@@ -251,9 +250,7 @@ def test_a_failed_upstream_is_retryable_and_not_recorded(tiny_model):
 
 def test_sessions_stick_to_a_server_and_skip_stale_ones(tiny_model):
     async def go():
-        stale = {"http://b"}
-        adapter, script, c = make(tiny_model, [STEPS[2]] * 6, upstreams=("http://a", "http://b", "http://c"),
-                                  healthy=lambda url: url not in stale)
+        adapter, script, c = make(tiny_model, [STEPS[2]] * 6, live=lambda: ["http://a", "http://c"])
         keys = [await open_session(c) for _ in range(3)]
         body = {"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "x"}]}
         for key in keys + keys:

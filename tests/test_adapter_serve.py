@@ -10,6 +10,7 @@ from scripted_upstream import ScriptedUpstream
 
 from agentrl.adapter.serve import AdapterServer
 from agentrl.adapter.service import Adapter, AdapterConfig
+from agentrl.adapter.upstream import UpstreamError
 
 pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 
@@ -83,8 +84,8 @@ def adapter_stats(server) -> dict:
     return httpx.get(f"{server.url}/healthz", timeout=5).json()
 
 
-def test_registry_heartbeats_decide_which_servers_are_healthy(tmp_path):
-    from agentrl.adapter.upstream import registry_health
+def test_registry_heartbeats_decide_which_servers_are_live(tmp_path):
+    from agentrl.adapter.upstream import UpstreamPool, registry_servers
     from hpc.registry import Registry
 
     clock = [1000.0]
@@ -94,6 +95,23 @@ def test_registry_heartbeats_decide_which_servers_are_healthy(tmp_path):
     clock[0] += 25
     reg.heartbeat(a)
     clock[0] += 10
-    healthy = registry_health(reg, ttl_s=30)
-    assert healthy("http://127.0.0.1:30000") and not healthy("http://127.0.0.1:30001")
-    assert not healthy("http://127.0.0.1:39999")          # not registered at all
+    pool = UpstreamPool(registry_servers(reg, ttl_s=30))
+    assert {pool.pick() for _ in range(4)} == {"http://127.0.0.1:30000"}
+    reg.deregister(a)
+    time.sleep(1.1)      # the registry is re-read at most once a second
+    try:
+        pool.pick()
+        raise AssertionError("picked a server with none live")
+    except UpstreamError as e:
+        assert "no model server is live" in str(e)
+
+
+def test_the_config_takes_a_runs_registry(tiny_model, tmp_path):
+    import pytest
+    from pydantic import ValidationError
+
+    (tmp_path / "run/services").mkdir(parents=True)
+    cfg = AdapterConfig(tokenizer=tiny_model, upstreams=[f"registry:{tmp_path / 'run'}"])
+    assert callable(cfg.servers()) and cfg.servers()() == []
+    with pytest.raises(ValidationError, match="no services/ directory"):
+        AdapterConfig(tokenizer=tiny_model, upstreams=[f"registry:{tmp_path}"])

@@ -101,7 +101,8 @@ class AdapterServer:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--upstream", required=True, help="SGLang server URL(s), comma-separated")
+    p.add_argument("--upstream", required=True,
+                   help="SGLang server URL(s), comma-separated, or registry:RUN_DIR for the run's live servers")
     p.add_argument("--tokenizer", required=True, type=Path, help="the model's (or its tokenizer's) HF directory")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")

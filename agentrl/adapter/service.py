@@ -6,6 +6,7 @@ The wire (HTTP, SSE) is app.py's; this is the part every protocol shares.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -16,7 +17,7 @@ from .parsers import ParsedOutput, parse_output, validate_parsers
 from .render import incremental_problem
 from .session import Session, SessionStore, merge_sampling
 from .trajectory import Turn
-from .upstream import UpstreamError, UpstreamPool
+from .upstream import UpstreamError, UpstreamPool, registry_servers
 from .wire import Chat, WireError
 
 
@@ -26,7 +27,7 @@ class AdapterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tokenizer: Path
-    upstreams: list[str] = Field(min_length=1)
+    upstreams: list[str] = Field(min_length=1)    # URLs, or ["registry:RUN_DIR"]: the run's live inference servers
     tool_parser: str | None = "qwen3_coder"
     reasoning_parser: str | None = "qwen3"
     max_context: int = Field(default=32768, gt=0)
@@ -43,10 +44,20 @@ class AdapterConfig(BaseModel):
     @field_validator("upstreams")
     @classmethod
     def _urls(cls, v: list[str]) -> list[str]:
+        if len(v) == 1 and v[0].startswith("registry:"):
+            if not (Path(v[0].removeprefix("registry:")) / "services").is_dir():
+                raise ValueError(f"{v[0]}: no services/ directory there: name a run directory")
+            return v
         bad = [u for u in v if not u.startswith(("http://", "https://"))]
         if bad:
-            raise ValueError(f"upstream URLs must start with http:// or https://: {bad}")
+            raise ValueError(f"upstream URLs must start with http:// or https:// (or be one registry:RUN_DIR): {bad}")
         return v
+
+    def servers(self) -> list[str] | Callable[[], list[str]]:
+        if self.upstreams[0].startswith("registry:"):
+            from hpc.registry import Registry
+            return registry_servers(Registry(Path(self.upstreams[0].removeprefix("registry:")) / "services"))
+        return self.upstreams
 
     @model_validator(mode="after")
     def _parsers(self) -> AdapterConfig:
@@ -81,7 +92,7 @@ class Adapter:
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer)
         if not self.tokenizer.chat_template:
             raise ValueError(f"the tokenizer in {config.tokenizer} has no chat template")
-        self.pool = pool or UpstreamPool(config.upstreams, timeout_s=config.upstream_timeout_s)
+        self.pool = pool or UpstreamPool(config.servers(), timeout_s=config.upstream_timeout_s)
         # Checked once here, on probe conversations; every session's renderer trusts the verdict.
         self.render_problem = incremental_problem(self.render_full) if config.incremental else "off in the config"
         self.sessions = SessionStore(self.tokenizer, self.render_full, render_problem=self.render_problem,

@@ -1,7 +1,7 @@
 """SGLang `/generate` servers: one call with token ids, and the choice of server per session.
 
-A session sticks to one server so that its prefix stays in that server's radix cache; a
-server whose registry heartbeat is stale is skipped when a session picks one. A server
+A session sticks to one server so that its prefix stays in that server's radix cache; with a
+run's service registry, a server whose heartbeat is stale is not picked. A server
 that fails mid-request raises `UpstreamError`: the client gets a retryable error and the
 turn is not recorded.
 """
@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
@@ -60,41 +59,43 @@ def parse_generation(reply: Any) -> Generation:
     return Generation(ids, logprobs, kind, matched, None if version is None else str(version))
 
 
-def registry_health(registry: Registry, *, role: str = "inference", ttl_s: float = 30.0,
-                    refresh_s: float = 1.0) -> Callable[[str], bool]:
-    """url -> whether a `role` service at that host:port has a fresh heartbeat (re-read at most every refresh_s)."""
-    cache: dict[str, Any] = {"at": float("-inf"), "alive": set()}
+def registry_servers(registry: Registry, *, role: str = "inference", ttl_s: float = 30.0,
+                     refresh_s: float = 1.0) -> Callable[[], list[str]]:
+    """The URLs of `role` services with a fresh heartbeat, re-read from the registry at most every refresh_s."""
+    cache: dict[str, Any] = {"at": float("-inf"), "urls": []}
 
-    def healthy(url: str) -> bool:
+    def servers() -> list[str]:
         now = time.monotonic()
         if now - cache["at"] > refresh_s:
-            cache["alive"] = {(r.host, r.port) for r in registry.alive(role, ttl_s)}
+            cache["urls"] = [f"http://{r.host}:{r.port}" for r in registry.alive(role, ttl_s) if r.port]
             cache["at"] = now
-        u = urlsplit(url)
-        return (u.hostname, u.port) in cache["alive"]
-    return healthy
+        return cache["urls"]
+    return servers
 
 
 class UpstreamPool:
-    """Servers by URL; `pick()` gives a session its server, `generate()` calls it."""
+    """Model servers: a fixed list of URLs, or a function giving the live ones (`registry_servers`).
 
-    def __init__(self, urls: Sequence[str], *, timeout_s: float = 600.0,
-                 healthy: Callable[[str], bool] | None = None, transport: httpx.AsyncBaseTransport | None = None):
-        if not urls:
-            raise ValueError("no upstream model servers: give --upstream URL[,URL...]")
-        self.urls = [u.rstrip("/") for u in urls]
-        self._healthy = healthy or (lambda _url: True)
-        self._next = itertools.cycle(range(len(self.urls)))
+    `pick()` gives a session its server, `generate()` calls it."""
+
+    def __init__(self, servers: Sequence[str] | Callable[[], Sequence[str]], *, timeout_s: float = 600.0,
+                 transport: httpx.AsyncBaseTransport | None = None):
+        if not callable(servers):
+            if not servers:
+                raise ValueError("no upstream model servers: give --upstream URL[,URL...]")
+            fixed = [u.rstrip("/") for u in servers]
+            servers = lambda: fixed  # noqa: E731
+        self.servers = servers
+        self._turn = itertools.count()
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0), transport=transport,
                                          limits=httpx.Limits(max_connections=512, max_keepalive_connections=128))
 
-    def pick(self, avoid: str | None = None) -> str:
-        """The next healthy server (round robin), other than `avoid` when there is a choice."""
-        for _ in range(len(self.urls)):
-            url = self.urls[next(self._next)]
-            if self._healthy(url) and (url != avoid or len(self.urls) == 1):
-                return url
-        raise UpstreamError("no model server is healthy (all registry heartbeats are stale)")
+    def pick(self) -> str:
+        """The next live server, round robin."""
+        live = list(self.servers())
+        if not live:
+            raise UpstreamError("no model server is live (none registered, or every heartbeat is stale)")
+        return live[next(self._turn) % len(live)]
 
     async def generate(self, url: str, input_ids: Sequence[int], sampling: dict[str, Any]) -> Generation:
         t0 = time.monotonic()

@@ -6,9 +6,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-unit sysdeps venv cluster-up cluster-down bench lint clean scripts
+.PHONY: test test-unit sysdeps venv clis cluster-up cluster-down bench lint clean scripts
 
-test: sysdeps venv cluster-up
+test: sysdeps venv cluster-up clis
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # Everything that needs neither root nor Slurm (a cluster login node).
@@ -26,6 +26,10 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev,train,mpi]'
 	touch $@
 
+# Claude Code and Qwen Code at pinned versions, for the harness tests (needs npm)
+clis:
+	@tools/install_agent_clis.sh
+
 cluster-up: venv
 	$(BIN)/agentrl cluster up
 
@@ -39,7 +43,7 @@ lint: venv
 	$(BIN)/ruff check hpc agentrl tests benchmarks tools
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis .agent-clis
 
 # slurm/*.sbatch from configs/cluster-*.yaml (a test fails when they are stale)
 scripts: venv

@@ -151,10 +151,26 @@ def sse_message(text: str) -> list[dict]:
     return blocks
 
 
-@pytest.mark.parametrize("echo_key", ["reasoning_content", "reasoning", None])
+def js_echo(msg: dict) -> dict:
+    """What Qwen Code sends back: reasoning trimmed, arguments re-serialized by JSON.stringify."""
+    def js(value):
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        return {k: js(v) for k, v in value.items()} if isinstance(value, dict) else value
+    msg = dict(msg, reasoning_content=msg["reasoning_content"].strip())
+    msg["tool_calls"] = [dict(c, function=dict(c["function"], arguments=json.dumps(
+        js(json.loads(c["function"]["arguments"])), separators=(",", ":")))) for c in msg.get("tool_calls") or []]
+    return msg
+
+
+QWEN_STEPS = [dict(STEPS[0], reasoning_content="  Start by listing.  "),
+              dict(STEPS[1], tool_calls=call([("Bash", {"command": "pytest -q", "timeout": 60.0})])), STEPS[2]]
+
+
+@pytest.mark.parametrize("echo_key", ["reasoning_content", "reasoning", "js", None])
 def test_openai_session_and_the_reasoning_echo(tiny_model, echo_key):
     async def go():
-        adapter, script, c = make(tiny_model, STEPS)
+        adapter, script, c = make(tiny_model, QWEN_STEPS if echo_key == "js" else STEPS)
         key = await open_session(c)
         body = {"model": "qwen", "tools": [OPENAI_BASH], "messages": [
             {"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Fix the bug."}]}
@@ -162,9 +178,11 @@ def test_openai_session_and_the_reasoning_echo(tiny_model, echo_key):
             r = await c.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
             assert r.status_code == 200, r.text
             msg = r.json()["choices"][0]["message"]
+            if echo_key == "js":
+                msg = js_echo(msg)
             reasoning = msg.pop("reasoning_content", None)
             if echo_key and reasoning:
-                msg[echo_key] = reasoning
+                msg["reasoning_content" if echo_key == "js" else echo_key] = reasoning
             body["messages"].append(msg)
             for tc in msg.get("tool_calls") or []:
                 body["messages"].append({"role": "tool", "tool_call_id": tc["id"], "content": "ok"})
@@ -172,6 +190,8 @@ def test_openai_session_and_the_reasoning_echo(tiny_model, echo_key):
     result, script = asyncio.run(go())
     if echo_key:
         assert_one_exact_sample(result, script)
+        # the trimmed reasoning and the re-serialized 60.0 were put back as they were sampled
+        assert result["stats"]["echoes_restored"] == (2 if echo_key == "js" else 0)
     else:
         # A client that drops reasoning changes the re-render: the turns no longer chain cleanly,
         # which is why both keys are read.

@@ -126,7 +126,7 @@ def create_app(adapter: Adapter, control_token: str) -> FastAPI:
     # ------------------------------------------------------------ Anthropic
 
     def anthropic_respond(chat: Chat, result: TurnResult) -> Response:
-        ids = wire.new_tool_ids(result.parsed, "toolu_")
+        ids = result.call_ids
         model = chat.model or cfg.model_name
         if not chat.stream:
             return JSONResponse(wire.anthropic_reply(result.parsed, result.finish, model=model, usage=result.usage,
@@ -155,7 +155,7 @@ def create_app(adapter: Adapter, control_token: str) -> FastAPI:
     # ------------------------------------------------------------ OpenAI
 
     def openai_respond(chat: Chat, result: TurnResult) -> Response:
-        ids = wire.new_tool_ids(result.parsed, "call_")
+        ids = result.call_ids
         model = chat.model or cfg.model_name
         cid, created = "chatcmpl-" + uuid.uuid4().hex, int(time.time())
         finish = wire.openai_finish_reason(result.parsed, result.finish)

@@ -6,8 +6,9 @@ The wire (HTTP, SSE) is app.py's; this is the part every protocol shares.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,7 +19,7 @@ from .render import incremental_problem
 from .session import Session, SessionStore, merge_sampling
 from .trajectory import Turn
 from .upstream import UpstreamError, UpstreamPool, registry_servers
-from .wire import Chat, WireError
+from .wire import Chat, WireError, new_tool_ids, reply_message
 
 
 class AdapterConfig(BaseModel):
@@ -75,6 +76,7 @@ class TurnResult:
     prompt_tokens: int
     completion_tokens: int
     recorded: bool               # False when the prompt alone filled the context: nothing was sampled
+    call_ids: list[str] = field(default_factory=list)    # one per tool call, fresh
 
     @property
     def usage(self) -> dict[str, int]:
@@ -103,7 +105,7 @@ class Adapter:
                                             self.tokenizer.convert_tokens_to_ids("<|im_end|>")) if isinstance(i, int)
                                 and i != self.tokenizer.unk_token_id})
         self._decoder = getattr(self.tokenizer, "backend_tokenizer", None)
-        self.overhead_s: list[float] = []    # per turn, upstream excluded (benchmarks read it)
+        self.overhead_s: deque[float] = deque(maxlen=10_000)   # per turn, upstream excluded (benchmarks)
 
     def render_full(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> str:
         return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
@@ -113,7 +115,7 @@ class Adapter:
         try:
             if session is None:
                 return self.render_full(chat.messages, chat.tools)
-            return session.renderer.render(chat.messages, chat.tools)
+            return session.renderer.render(session.echo.restore(chat.messages), chat.tools)
         except Exception as e:   # a template raises for a conversation it cannot render (jinja's own errors)
             raise WireError(f"the chat template cannot render this conversation: {e}") from None
 
@@ -156,8 +158,10 @@ class Adapter:
                               _version(gen.weight_version), meta={"t": time.time()}))
         session.stats["ill_formed_turns"] += parsed.ill_formed
         session.stats["length_stops"] += finish == "length"
+        call_ids = new_tool_ids(parsed, chat.call_id_prefix)
+        session.echo.remember(reply_message(parsed, call_ids))
         self.overhead_s.append((t1 - t0) + (time.perf_counter() - t2))
-        return TurnResult(parsed, finish, len(ids), len(out), recorded=True)
+        return TurnResult(parsed, finish, len(ids), len(out), recorded=True, call_ids=call_ids)
 
 
 def _version(v: str | None) -> int | None:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .echo import EchoRestorer
 from .render import ChatRenderer, Render
 from .tokens import PrefixTokenizer
 from .trajectory import Drift, Sample, TrajectoryTree
@@ -57,6 +58,7 @@ class Session:
     upstream: str | None = None
     opened: float = field(default_factory=time.time)
     stats: Counter = field(default_factory=Counter)
+    echo: EchoRestorer = field(default_factory=EchoRestorer)
     finished: bool = False
 
     def result(self) -> dict[str, Any]:
@@ -70,7 +72,7 @@ class Session:
                           "dropped_chains": self.tree.chains - len(samples),
                           "prefix_hits": self.tokens.hits, "prefix_fallbacks": self.tokens.fallbacks,
                           "incremental_renders": self.renderer.incremental, "full_renders": self.renderer.full,
-                          "render_mismatches": self.renderer.mismatches}}
+                          "render_mismatches": self.renderer.mismatches, "echoes_restored": self.echo.restored}}
 
 
 def sample_json(s: Sample) -> dict[str, Any]:

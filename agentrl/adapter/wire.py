@@ -37,6 +37,7 @@ class Chat:
     stream: bool = False
     model: str = ""
     include_usage: bool = False
+    call_id_prefix: str = "call_"      # what this API's tool-call ids look like
 
 
 def _need(cond: bool, msg: str) -> None:
@@ -69,8 +70,11 @@ def _text_of(content: Any, where: str) -> str:
             parts.append(block["text"])
         elif kind in ("image", "image_url", "document", "input_image"):
             parts.append(IMAGE_PLACEHOLDER)
+        elif isinstance(kind, str):
+            # Refusing makes Claude Code resend a different request (docs/agent-clis.md): keep a marker.
+            parts.append(f"[{kind} block omitted]")
         else:
-            raise WireError(f"{where}[{i}]: unsupported content block type {kind!r}")
+            raise WireError(f"{where}[{i}] has no type")
     return "\n".join(parts)
 
 
@@ -128,7 +132,7 @@ def anthropic_chat(body: Any) -> Chat:
                                                         "description": tool.get("description", ""),
                                                         "parameters": tool["input_schema"]}})
     return Chat(messages, tools, _sampling(body, _ANTHROPIC_SAMPLING), bool(body.get("stream")),
-                str(body.get("model", "")))
+                str(body.get("model", "")), call_id_prefix="toolu_")
 
 
 def _anthropic_assistant(content: Any, where: str, known_ids: set[str]) -> dict[str, Any]:
@@ -206,7 +210,19 @@ def anthropic_stop_reason(parsed: ParsedOutput, finish: str) -> str:
 
 
 def new_tool_ids(parsed: ParsedOutput, prefix: str) -> list[str]:
+    """Fresh ids: a CLI that sees an id twice in one conversation drops the second call (Claude Code)."""
     return [f"{prefix}{secrets.token_hex(12)}" for _ in parsed.tool_calls]
+
+
+def reply_message(parsed: ParsedOutput, ids: list[str]) -> dict[str, Any]:
+    """Our reply as a chat-template message, in the form the translators give an echo of it."""
+    msg: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    if parsed.reasoning:
+        msg["reasoning_content"] = parsed.reasoning
+    if parsed.tool_calls:
+        msg["tool_calls"] = [{"id": tid, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                             for tid, c in zip(ids, parsed.tool_calls, strict=True)]
+    return msg
 
 
 # ---------------------------------------------------------------- OpenAI /v1/chat/completions

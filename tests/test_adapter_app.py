@@ -360,3 +360,11 @@ def test_models_count_tokens_and_health(tiny_model):
     n, expected, models, health = asyncio.run(go())
     assert n == {"input_tokens": expected}
     assert models["data"][0]["id"] == "agentrl" and health["ok"] and health["sessions"] == 1
+
+
+def test_open_session_advertises_the_public_url(tiny_model):
+    async def go():
+        _, _, c = make(tiny_model, [], public_url="https://login1.cluster/proxy/adapter")
+        return (await c.post("/_agentrl/open_session", json={"metadata": {"task": "t1"}}, headers=CTL)).json()
+    opened = asyncio.run(go())
+    assert opened["base_url"] == "https://login1.cluster/proxy/adapter" and opened["key"].startswith("sk-agentrl-")

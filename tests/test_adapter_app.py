@@ -35,6 +35,7 @@ class Script:
     def __init__(self, tokenizer, steps):
         self.tok, self.steps, self.requests, self.sampled = tokenizer, list(steps), [], []
         self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.abort_next = False      # answer the next call as SGLang does when a pause aborts it
 
     async def __call__(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
@@ -49,7 +50,11 @@ class Script:
         limit = body["sampling_params"]["max_new_tokens"]
         finish = {"type": "stop", "matched": self.end} if len(ids) <= limit else {"type": "length", "length": limit}
         ids = ids[:limit]
-        self.sampled.append(ids)
+        if self.abort_next:
+            self.abort_next = False
+            finish, ids = {"type": "abort", "message": "Aborted"}, ids[:3]
+        else:
+            self.sampled.append(ids)
         return httpx.Response(200, json={"text": "", "output_ids": ids, "meta_info": {
             "finish_reason": finish, "weight_version": "7",
             "output_token_logprobs": [[logprob(i, t), t, None] for i, t in enumerate(ids)]}})
@@ -368,3 +373,18 @@ def test_open_session_advertises_the_public_url(tiny_model):
         return (await c.post("/_agentrl/open_session", json={"metadata": {"task": "t1"}}, headers=CTL)).json()
     opened = asyncio.run(go())
     assert opened["base_url"] == "https://login1.cluster/proxy/adapter" and opened["key"].startswith("sk-agentrl-")
+
+
+def test_an_aborted_generation_is_retryable_and_not_recorded(tiny_model):
+    async def go():
+        adapter, script, c = make(tiny_model, [STEPS[2], STEPS[2]])
+        script.abort_next = True
+        key = await open_session(c)
+        body = {"model": "m", "max_tokens": 100, "seed": 7, "messages": [{"role": "user", "content": "x"}]}
+        first = await c.post("/v1/chat/completions", json=body, headers={"x-api-key": key})
+        second = await c.post("/v1/chat/completions", json=body, headers={"x-api-key": key})
+        return first, second, script.requests, await finish(c, key)
+    first, second, requests, result = asyncio.run(go())
+    assert first.status_code == 503 and "aborted" in first.json()["error"]["message"]
+    assert second.status_code == 200 and result["stats"]["turns"] == 1 and result["stats"]["upstream_aborts"] == 1
+    assert requests[0]["sampling_params"]["sampling_seed"] == 7      # SGLang's name for the seed

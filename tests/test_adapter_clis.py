@@ -91,8 +91,8 @@ def test_claude_code_tool_session_is_one_exact_sample(tiny_model, tmp_path):
 
 def test_qwen_code_tool_session_is_one_exact_sample(tiny_model, tmp_path):
     qwen = cli("qwen")
-    steps = [shell_call("run_shell_command", "echo hi > out.txt"), shell_call("run_shell_command", "echo there >> out.txt"),
-             DONE]
+    steps = [shell_call("run_shell_command", "echo hi > out.txt"),
+             shell_call("run_shell_command", "echo there >> out.txt"), DONE]
 
     def argv_env(url, key, home):
         (home / ".qwen").mkdir()

@@ -149,6 +149,11 @@ class Adapter:
             session.upstream = None      # the next turn picks again: maybe another server
             raise
         t2 = time.perf_counter()
+        if gen.finish_reason == "abort":
+            # SGLang aborts generations when it pauses to load new weights: a retry gets the new ones.
+            session.stats["upstream_aborts"] += 1
+            server, session.upstream = session.upstream, None
+            raise UpstreamError(f"{server} aborted the generation (reloading weights?)")
         out = gen.output_ids
         body = out[:-1] if out and (gen.matched_stop == out[-1] or out[-1] in self.stop_ids) else out
         parsed = parse_output(self.decode(body), tool_parser=self.config.tool_parser,

@@ -19,7 +19,7 @@ from .render import ChatRenderer, Render
 from .tokens import PrefixTokenizer
 from .trajectory import Drift, Sample, TrajectoryTree
 
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_new_tokens", "stop", "seed",
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_new_tokens", "stop", "sampling_seed",
                  "frequency_penalty", "presence_penalty", "repetition_penalty")
 
 

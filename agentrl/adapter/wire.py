@@ -88,7 +88,7 @@ def _sampling(body: Mapping[str, Any], keys: Mapping[str, str]) -> dict[str, Any
             value = [value] if isinstance(value, str) else value
             _need(isinstance(value, list) and all(isinstance(s, str) for s in value),
                   f"{wire} must be a string or a list of strings")
-        elif ours in ("max_new_tokens", "top_k", "seed"):
+        elif ours in ("max_new_tokens", "top_k", "sampling_seed"):
             _need(isinstance(value, int) and not isinstance(value, bool), f"{wire} must be an integer")
             _need(ours != "max_new_tokens" or value > 0, f"{wire} must be positive")
         else:
@@ -228,7 +228,8 @@ def reply_message(parsed: ParsedOutput, ids: list[str]) -> dict[str, Any]:
 # ---------------------------------------------------------------- OpenAI /v1/chat/completions
 
 _OPENAI_SAMPLING = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens",
-                    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "stop": "stop", "seed": "seed"}
+                    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "stop": "stop",
+                    "seed": "sampling_seed"}   # SGLang's name for it
 
 
 def openai_chat(body: Any) -> Chat:

@@ -85,6 +85,15 @@ def _add_adapter_parser(sub) -> None:
     s.set_defaults(func=serve.run)
 
 
+def _add_train_parser(sub) -> None:
+    from .train import cli as train_cli
+
+    t = sub.add_parser("train", help="the GRPO trainer role (one process per rank)", description=train_cli.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    train_cli.add_arguments(t)
+    t.set_defaults(func=train_cli.run)
+
+
 def _add_tasks_parser(sub) -> None:
     t = sub.add_parser("tasks", help="check a task set before training on it")
     t_sub = t.add_subparsers(dest="tasks_command", required=True)
@@ -133,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_images_parser(sub)
     _add_tasks_parser(sub)
     _add_adapter_parser(sub)
+    _add_train_parser(sub)
     return p
 
 

@@ -1,0 +1,1 @@
+"""Rollouts: which prompts each rollout takes (source)."""

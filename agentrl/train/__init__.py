@@ -1,0 +1,1 @@
+"""GRPO training: advantages, batch schedule and policy loss."""

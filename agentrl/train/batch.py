@@ -1,0 +1,80 @@
+"""A rollout's samples as training data: advantages, steps, each rank's micro-batches (pure, numpy).
+
+Every rank reads the same committed shards and computes the same plan, so ranks agree on steps and
+per-attempt token counts without talking; each then trains only its own micro-batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hpc.buffer import Sample
+
+from .advantages import grpo_advantages
+from .schedule import assign_ranks, build_steps
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    samples: list[Sample]
+    advantages: np.ndarray          # per sample
+    attempt: list[tuple[int, int]]  # per sample: (group, attempt)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(s.tokens) for s in self.samples]
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    micro_batches: list[list[int]]         # this rank's, sample indices into the rollout batch
+    attempt_index: dict[tuple[int, int], int]   # the step's attempts -> 0..n-1
+    attempt_token_counts: np.ndarray       # per step attempt: its trained tokens in the whole step
+    samples: int
+    tokens: int                            # the step's tokens, all ranks
+
+
+def rollout_batch(groups: Mapping[int, Sequence[Sample]], *, std_normalize: bool = True) -> RolloutBatch:
+    """The samples of the complete groups, in (group, attempt) order, with GRPO advantages."""
+    samples = [s for g in sorted(groups) for s in sorted(groups[g], key=lambda s: s.attempt)]
+    if not samples:
+        raise ValueError("the rollout has no samples: no group completed")
+    attempt = [(s.group_index, s.attempt) for s in samples]
+    adv = grpo_advantages([s.reward for s in samples], [s.group_index for s in samples],
+                          [s.attempt for s in samples], std_normalize=std_normalize)
+    return RolloutBatch(samples, adv, attempt)
+
+
+def plan_steps(batch: RolloutBatch, *, global_batch_size: int | None, max_tokens_per_gpu: int, dp_size: int,
+               rank: int) -> list[StepPlan]:
+    """The optimizer steps of a rollout, each with this rank's micro-batches."""
+    attempts = len(set(batch.attempt))
+    steps = build_steps(batch.lengths, batch.attempt, max_tokens_per_gpu=max_tokens_per_gpu, dp_size=dp_size,
+                        global_batch_size=global_batch_size or attempts)
+    plans = []
+    for micro_batches in steps:
+        members = sorted({i for mb in micro_batches for i in mb})
+        index = {a: k for k, a in enumerate(sorted({batch.attempt[i] for i in members}))}
+        counts = np.zeros(len(index))
+        for i in members:
+            counts[index[batch.attempt[i]]] += int(batch.samples[i].loss_mask.sum())
+        mine = assign_ranks(micro_batches, batch.lengths, dp_size=dp_size)[rank]
+        plans.append(StepPlan(mine, index, counts, len(members), sum(batch.lengths[i] for i in members)))
+    return plans
+
+
+def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
+    rewards = {a: s.reward for a, s in zip(batch.attempt, batch.samples, strict=True)}
+    by_group: dict[int, list[float]] = {}
+    for (g, _a), r in rewards.items():
+        by_group.setdefault(g, []).append(r)
+    return {"reward_mean": float(np.mean(list(rewards.values()))),
+            "pass_rate": float(np.mean([r > 0 for r in rewards.values()])),
+            "groups": len(by_group), "attempts": len(rewards), "samples": len(batch.samples),
+            "samples_per_attempt": len(batch.samples) / len(rewards),
+            "zero_variance_groups": sum(len(set(v)) == 1 for v in by_group.values()),
+            "response_tokens": int(sum(s.response_length for s in batch.samples)),
+            "trained_tokens": int(sum(int(s.loss_mask.sum()) for s in batch.samples))}

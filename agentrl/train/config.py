@@ -1,0 +1,71 @@
+"""The trainer's configuration, validated in one place (the `train:` section of a run config)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hpc.validation import problems
+
+
+class TrainConfigError(ValueError):
+    pass
+
+
+class TrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: Path                                  # HF directory the run starts from
+    prompt_data: Path                            # JSONL from `agentrl convert harbor`
+    backend: Literal["torch", "megatron"] = "torch"
+    # rollouts
+    num_rollouts: int = Field(gt=0)
+    rollout_batch_size: int = Field(gt=0)        # prompt groups per rollout
+    n_samples_per_prompt: int = Field(gt=0)      # attempts per group
+    max_tries: int = Field(default=3, gt=0)      # per attempt, for infrastructure failures
+    min_complete_fraction: float = Field(default=1.0, gt=0, le=1)   # groups needed to train
+    rollout_timeout_s: float = Field(default=24 * 3600.0, gt=0)     # then train on what is complete
+    shuffle: bool = True
+    seed: int = 0
+    # steps
+    global_batch_size: int | None = Field(default=None, gt=0)   # attempts per optimizer step; None: all
+    max_tokens_per_gpu: int = Field(default=32768, gt=0)
+    lr: float = Field(default=1e-6, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    grad_clip: float = Field(default=1.0, gt=0)
+    eps_clip: float = Field(default=0.2, gt=0, lt=1)
+    eps_clip_high: float = Field(default=0.28, gt=0)
+    kl_coef: float = Field(default=0.0, ge=0)
+    tis_cap: float | None = Field(default=None, gt=0)    # recompute old logprobs; weigh by the sampler's
+    std_normalize: bool = True
+    # SGLang reports log softmax(logits / temperature) of what it sampled (before top-p/top-k), so the
+    # trainer's log-probs use the same temperature, or every ratio is off from the first step.
+    rollout_temperature: float = Field(default=1.0, gt=0)
+    # checkpoints and weights
+    save_every: int = Field(default=1, gt=0)             # rollouts between checkpoints
+    publish_every: int = Field(default=1, gt=0)          # rollouts between weight reloads of inference
+    evals_after_last: bool = False                       # publish weights after the last rollout too
+    publish_timeout_s: float = Field(default=600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
+        attempts = self.rollout_batch_size * self.n_samples_per_prompt
+        if self.global_batch_size is not None and attempts % self.global_batch_size:
+            raise ValueError(f"global_batch_size {self.global_batch_size} does not divide the rollout's "
+                             f"{attempts} attempts (rollout_batch_size x n_samples_per_prompt)")
+        if not (self.model / "config.json").is_file():
+            raise ValueError(f"model: {self.model} holds no config.json (a Hugging Face model directory)")
+        if not self.prompt_data.is_file():
+            raise ValueError(f"prompt_data: {self.prompt_data} does not exist (make it with "
+                             "`agentrl convert harbor TASKS --out prompts.jsonl`)")
+        return self
+
+
+def load_train_config(data: Any, source: str = "train") -> TrainConfig:
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as e:
+        raise TrainConfigError("\n".join(f"{source}.{field}: {msg}" if field else f"{source}: {msg}"
+                                         for field, msg in problems(e))) from None

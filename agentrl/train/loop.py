@@ -1,0 +1,162 @@
+"""The trainer role: open a rollout, wait for its groups, close it, train, checkpoint, publish, next.
+
+Every rank runs this loop; rank 0 alone writes to the ledger, checkpoints, metrics and inference
+servers, and the ranks meet at barriers. Rollout r asks the prompt source for absolute groups
+[r*B, (r+1)*B): pool workers map a group index to its prompt with the same source, and a resumed
+run draws exactly the groups the uninterrupted one would have. A trainer killed mid-rollout
+resumes from `latest` and keeps the rollout's open generation and its commits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpc.buffer import read_rollout
+from hpc.fsio import write_atomic
+from hpc.ledger import Ledger
+from hpc.registry import Registry
+from hpc.runlayout import RunLayout
+
+from ..rollout.source import PromptSource, load_prompt_rows
+from .batch import plan_steps, rollout_batch, rollout_metrics
+from .checkpoint import TrainerState, load_latest, save_checkpoint
+from .config import TrainConfig
+from .publish import publish_weights
+from .torch_backend import TorchPolicy, barrier, world
+
+log = logging.getLogger("agentrl.train")
+POLL_S = 1.0
+
+
+@dataclass
+class Trainer:
+    run: RunLayout
+    cfg: TrainConfig
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+    def __post_init__(self) -> None:
+        self.rank, self.world_size = world()
+        self.ledger = Ledger(self.run.ledger_dir)
+        self.registry = Registry(self.run.services_dir)
+        self.rows = load_prompt_rows(self.cfg.prompt_data)
+
+    # ------------------------------------------------------------ one rollout's data
+
+    def open_rollout(self, r: int, source: PromptSource) -> None:
+        """Open rollout r unless it is open already (a resumed trainer keeps what was committed)."""
+        if self.rank != 0:
+            return
+        gen = self.ledger.current_generation(r)
+        if gen is None:
+            self.ledger.open_rollout(r, list(source.group_indices(r)), self.cfg.n_samples_per_prompt,
+                                     self.cfg.max_tries)
+            log.info("rollout %d: opened %d groups x %d attempts", r, self.cfg.rollout_batch_size,
+                     self.cfg.n_samples_per_prompt)
+
+    def wait_for_groups(self, r: int) -> list[int]:
+        """Poll until enough groups are complete (or the timeout), logging progress as it changes."""
+        need = math.ceil(self.cfg.min_complete_fraction * self.cfg.rollout_batch_size)
+        deadline, last = self.clock() + self.cfg.rollout_timeout_s, None
+        while True:
+            st = self.ledger.status(r)
+            seen = (len(st.complete_groups), st.committed, st.claimed, st.failed)
+            if seen != last and self.rank == 0:
+                log.info("rollout %d: %d/%d groups complete (%d needed); attempts %d committed, %d running, "
+                         "%d failed, of %d", r, seen[0], self.cfg.rollout_batch_size, need, st.committed,
+                         st.claimed, st.failed, st.total)
+                last = seen
+            if len(st.complete_groups) >= self.cfg.rollout_batch_size:
+                return st.complete_groups
+            if self.clock() >= deadline:
+                if len(st.complete_groups) >= need:
+                    return st.complete_groups
+                raise TimeoutError(f"rollout {r}: only {len(st.complete_groups)} of {need} needed groups completed "
+                                   f"in rollout_timeout_s={self.cfg.rollout_timeout_s:g}: are pool workers running? "
+                                   f"(agentrl ledger status {self.run.root})")
+            self.sleep(POLL_S)
+
+    # ------------------------------------------------------------ the loop
+
+    def train(self) -> TrainerState:
+        cfg = self.cfg
+        policy = TorchPolicy(cfg.model, cfg)
+        state = load_latest(self.run, policy)
+        if state is not None:
+            source = PromptSource.from_state(state.prompt_source, self.rows)
+            log.info("resuming after rollout %d (checkpoint iter_%d)", state.iteration - 1, state.iteration)
+        else:
+            source = PromptSource(self.rows, rollout_batch_size=cfg.rollout_batch_size, shuffle=cfg.shuffle,
+                                  seed=cfg.seed)
+            state = TrainerState(iteration=0, optimizer_steps=0, weight_version=0, prompt_source=source.state())
+        policy.steps = state.optimizer_steps
+        for r in range(state.iteration, cfg.num_rollouts):
+            state = self.one_rollout(r, source, policy, state)
+        return state
+
+    def one_rollout(self, r: int, source: PromptSource, policy: TorchPolicy, state: TrainerState) -> TrainerState:
+        cfg = self.cfg
+        t0 = self.clock()
+        self.open_rollout(r, source)
+        barrier()
+        self.wait_for_groups(r)
+        barrier()
+        if self.rank == 0:
+            self.ledger.close_rollout(r)
+        barrier()
+        t_rollout = self.clock() - t0
+        # Re-read after closing: groups that completed meanwhile are trained on too.
+        groups = read_rollout(self.ledger, self.run.buffer_dir, r)
+        batch = rollout_batch(groups, std_normalize=cfg.std_normalize)
+        metrics: dict[str, Any] = {"rollout": r, **rollout_metrics(batch), "rollout_s": round(t_rollout, 3)}
+        t1 = self.clock()
+        steps = plan_steps(batch, global_batch_size=cfg.global_batch_size, max_tokens_per_gpu=cfg.max_tokens_per_gpu,
+                           dp_size=self.world_size, rank=self.rank)
+        step_metrics = [policy.train_step(batch, plan) for plan in steps]
+        metrics.update({f"train/{k}": sum(m[k] for m in step_metrics) / len(step_metrics) for k in step_metrics[0]})
+        metrics["train_s"] = round(self.clock() - t1, 3)
+        n = r + 1
+        last = n == cfg.num_rollouts
+        publish = (n % cfg.publish_every == 0 and not last) or (last and cfg.evals_after_last)
+        save = n % cfg.save_every == 0 or last or publish
+        state = TrainerState(iteration=n, optimizer_steps=policy.steps, weight_version=n if publish else
+                             state.weight_version, prompt_source=source.state())
+        if save:
+            t2 = self.clock()
+            if self.rank == 0:
+                save_checkpoint(self.run, policy, state)
+            barrier()
+            metrics["checkpoint_s"] = round(self.clock() - t2, 3)
+        if publish and self.rank == 0:
+            servers = [f"http://{s.host}:{s.port}" for s in self.registry.alive("inference") if s.port]
+            times = publish_weights(servers, self.run.checkpoint_dir(n) / "hf", n, timeout_s=cfg.publish_timeout_s)
+            metrics.update({"weight_version": n, "publish_s": round(max(times.values(), default=0.0), 3),
+                            "inference_servers": len(times)})
+        barrier()
+        metrics["fingerprint"] = policy.fingerprint()
+        self._record(metrics)
+        return state
+
+    def _record(self, metrics: dict[str, Any]) -> None:
+        """metrics.jsonl gets rank 0's line; every rank leaves its model fingerprint (ranks must agree)."""
+        fingerprints = self.run.logs_dir / f"train-rank{self.rank}.json"
+        fingerprints.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(fingerprints, json.dumps({"rollout": metrics["rollout"],
+                                               "fingerprint": metrics["fingerprint"]}).encode())
+        if self.rank == 0:
+            with open(self.run.metrics_path, "a") as f:
+                f.write(json.dumps({"kind": "train", "time": time.time(), **metrics}) + "\n")
+            log.info("rollout %d: reward %.3f over %d attempts, %d samples; loss %.4f; %.1fs rollout, %.1fs train",
+                     metrics["rollout"], metrics["reward_mean"], metrics["attempts"], metrics["samples"],
+                     metrics.get("train/loss", float("nan")), metrics["rollout_s"], metrics["train_s"])
+
+
+def main_train(run_dir: Path, cfg: TrainConfig) -> TrainerState:
+    return Trainer(RunLayout.open(run_dir), cfg).train()

@@ -1,0 +1,166 @@
+"""The torch backend: a Hugging Face causal LM, DDP over gloo (CPU) or NCCL (GPU), AdamW.
+
+The embedded default and the backend for models that fit one GPU. A micro-batch's samples are
+padded into one [batch, length] forward pass (attention masks keep them apart); the tokens a
+micro-batch may hold are capped by the schedule (`max_tokens_per_gpu`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .batch import RolloutBatch, StepPlan
+from .config import TrainConfig
+from .loss import policy_loss
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
+                   "vocab.json", "merges.txt", "generation_config.json")
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) of the initialised process group, or (0, 1)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def barrier() -> None:
+    if world()[1] > 1:
+        dist.barrier()
+
+
+class TorchPolicy:
+    def __init__(self, model_dir: Path, cfg: TrainConfig):
+        from transformers import AutoModelForCausalLM
+
+        self.cfg, self.model_dir = cfg, Path(model_dir)
+        self.rank, self.world_size = world()
+        self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
+        torch.manual_seed(cfg.seed)
+        module = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(self.device)
+        module.train()
+        self.module = module
+        self.model = (torch.nn.parallel.DistributedDataParallel(module) if self.world_size > 1 else module)
+        self.ref = None
+        if cfg.kl_coef > 0:
+            self.ref = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(self.device)
+            self.ref.eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(module.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.steps = 0
+
+    # ------------------------------------------------------------ forward
+
+    def _inputs(self, batch: RolloutBatch, indices: list[int]) -> tuple[Tensor, Tensor]:
+        samples = [batch.samples[i] for i in indices]
+        length = max(len(s.tokens) for s in samples)
+        ids = torch.zeros(len(samples), length, dtype=torch.long)
+        mask = torch.zeros(len(samples), length, dtype=torch.long)
+        for row, s in enumerate(samples):
+            ids[row, :len(s.tokens)] = torch.from_numpy(s.tokens.astype(np.int64))
+            mask[row, :len(s.tokens)] = 1
+        return ids.to(self.device), mask.to(self.device)
+
+    def response_logprobs(self, model: torch.nn.Module, batch: RolloutBatch, indices: list[int]) -> Tensor:
+        """Log-probs of each sample's response tokens under `model`, flat over the micro-batch."""
+        ids, mask = self._inputs(batch, indices)
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float() / self.cfg.rollout_temperature
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        pieces = []
+        for row, i in enumerate(indices):
+            s = batch.samples[i]
+            start = len(s.tokens) - s.response_length      # token t is predicted at position t - 1
+            pieces.append(logp[row, start - 1:len(s.tokens) - 1])
+        return torch.cat(pieces)
+
+    def _flat(self, batch: RolloutBatch, plan: StepPlan, indices: list[int]) -> dict[str, Tensor]:
+        def cat(values) -> Tensor:
+            return torch.from_numpy(np.concatenate(values)).to(self.device)
+        samples = [batch.samples[i] for i in indices]
+        return {
+            "advantages": cat([np.full(s.response_length, batch.advantages[i], np.float32)
+                               for i, s in zip(indices, samples, strict=True)]),
+            "loss_mask": cat([s.loss_mask.astype(np.float32) for s in samples]),
+            "rollout": cat([s.rollout_log_probs.astype(np.float32) for s in samples]),
+            "attempt": cat([np.full(s.response_length, plan.attempt_index[batch.attempt[i]], np.int64)
+                            for i, s in zip(indices, samples, strict=True)]),
+        }
+
+    # ------------------------------------------------------------ one optimizer step
+
+    def train_step(self, batch: RolloutBatch, plan: StepPlan) -> dict[str, float]:
+        cfg = self.cfg
+        counts = torch.from_numpy(plan.attempt_token_counts).to(self.device, torch.float32)
+        totals: dict[str, float] = {}
+        self.optimizer.zero_grad(set_to_none=True)
+        for k, indices in enumerate(plan.micro_batches):
+            flat = self._flat(batch, plan, indices)
+            old = flat["rollout"]
+            if cfg.tis_cap is not None:      # the trainer's own behaviour policy, weighed against the sampler's
+                with torch.no_grad():
+                    old = self.response_logprobs(self.module, batch, indices).float()
+            ref = None
+            if self.ref is not None:
+                with torch.no_grad():
+                    ref = self.response_logprobs(self.ref, batch, indices)
+            last = k == len(plan.micro_batches) - 1
+            sync = self.model.no_sync() if self.world_size > 1 and not last else nullcontext()
+            with sync:
+                logprobs = self.response_logprobs(self.model, batch, indices)
+                loss, metrics = policy_loss(
+                    logprobs, old, flat["advantages"], flat["loss_mask"], flat["attempt"],
+                    eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, ref_logprobs=ref, kl_coef=cfg.kl_coef,
+                    tis_cap=cfg.tis_cap, rollout_logprobs=flat["rollout"] if cfg.tis_cap is not None else None,
+                    attempt_token_counts=counts, num_attempts=len(plan.attempt_index))
+                # DDP averages gradients over ranks; the per-attempt reduction already divides by the step.
+                (loss * self.world_size).backward()
+            for name, value in {"loss": loss.detach(), **metrics}.items():
+                totals[name] = totals.get(name, 0.0) + float(value)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), cfg.grad_clip)
+        self.optimizer.step()
+        self.steps += 1
+        summed = self._sum_over_ranks(totals)
+        return {**summed, "grad_norm": float(grad_norm), "step_samples": plan.samples, "step_tokens": plan.tokens}
+
+    def _sum_over_ranks(self, totals: dict[str, float]) -> dict[str, float]:
+        if self.world_size == 1 or not totals:
+            return totals
+        names = sorted(totals)
+        t = torch.tensor([totals[n] for n in names], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return dict(zip(names, t.tolist(), strict=True))
+
+    # ------------------------------------------------------------ state
+
+    def save(self, path: Path) -> None:
+        """Model and optimizer state into `path` (rank 0 writes: DDP keeps every rank identical)."""
+        torch.save(self.module.state_dict(), path / "model.pt")
+        torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
+
+    def load(self, path: Path) -> None:
+        self.module.load_state_dict(torch.load(path / "model.pt", map_location=self.device, weights_only=True))
+        opt = path / "optimizer.pt"
+        if opt.exists():   # an export saved with the optimizer offloaded has none: start it fresh
+            self.optimizer.load_state_dict(torch.load(opt, map_location=self.device, weights_only=True))
+
+    def export_hf(self, path: Path) -> None:
+        """A Hugging Face directory (weights, config, tokenizer) that inference servers and eval load."""
+        self.module.save_pretrained(str(path), safe_serialization=True)
+        for name in TOKENIZER_FILES:
+            if (self.model_dir / name).exists():
+                shutil.copy2(self.model_dir / name, path / name)
+
+    def fingerprint(self) -> str:
+        """A hash of the parameters: ranks that agree on it hold the same model."""
+        h = hashlib.sha256()
+        for name, p in sorted(self.module.state_dict().items()):
+            h.update(name.encode())
+            h.update(p.detach().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()[:16]

@@ -1,0 +1,176 @@
+"""The trainer loop on the tiny model, fed by a stand-in pool through the real ledger and buffer."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from fake_pool import FakePool
+
+from agentrl.train.checkpoint import TrainerState
+from agentrl.train.cli import load_config
+from agentrl.train.config import TrainConfigError, load_train_config
+from agentrl.train.loop import Trainer
+from hpc.records import read_record
+from hpc.runlayout import RunLayout
+
+pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "prompts.jsonl"
+    subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(ROOT / "tasks"), "--out", str(path)],
+                   check=True, capture_output=True, cwd=ROOT)
+    return path
+
+
+def config(tiny_model, prompts, **over):
+    base = {"model": str(tiny_model), "prompt_data": str(prompts), "num_rollouts": 2, "rollout_batch_size": 3,
+            "n_samples_per_prompt": 2, "lr": 1e-3, "max_tokens_per_gpu": 256, "rollout_timeout_s": 60}
+    return load_train_config({**base, **over})
+
+
+def run_trainer(run_dir: Path, cfg) -> TrainerState:
+    run = RunLayout.open(run_dir) if (run_dir / "run.yaml").exists() else RunLayout.create(run_dir)
+    with FakePool(run_dir):
+        return Trainer(run, cfg).train()
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_trains_rollouts_checkpoints_and_resumes_exactly(tiny_model, prompts, tmp_path):
+    straight = tmp_path / "straight"
+    state = run_trainer(straight, config(tiny_model, prompts, num_rollouts=3, global_batch_size=3))
+    assert (state.iteration, state.optimizer_steps) == (3, 6)      # 6 attempts per rollout, 3 per step
+    run = RunLayout.open(straight)
+    assert run.latest_checkpoint() == 3
+    for n in (1, 2, 3):
+        ck = run.checkpoint_dir(n)
+        assert read_record(ck / "trainer.json", TrainerState).iteration == n
+        assert (ck / "hf/model.safetensors").exists() and (ck / "hf/tokenizer.json").exists()
+    lines = metrics(straight)
+    assert [m["rollout"] for m in lines] == [0, 1, 2]
+    assert all(m["attempts"] == 6 and m["samples"] == 9 and m["groups"] == 3 for m in lines)  # attempt 1 fans out
+    assert len({m["fingerprint"] for m in lines}) == 3                  # the weights moved every rollout
+
+    # The same run, killed after rollout 1 and resumed: the same prompts, the same weights.
+    resumed = tmp_path / "resumed"
+    run_trainer(resumed, config(tiny_model, prompts, num_rollouts=2, global_batch_size=3))
+    state = run_trainer(resumed, config(tiny_model, prompts, num_rollouts=3, global_batch_size=3))
+    assert state.iteration == 3
+    assert [m["fingerprint"] for m in metrics(resumed)] == [m["fingerprint"] for m in lines]
+    spec = yaml.safe_load((resumed / "ledger/rollouts/2/g3/spec.json").read_text())
+    assert spec["groups"] == [6, 7, 8]          # rollout 2's absolute groups, drawn as the long run drew them
+
+
+def test_a_trainer_killed_after_opening_keeps_the_rollouts_commits(tiny_model, prompts, tmp_path):
+    cfg = config(tiny_model, prompts, num_rollouts=1)
+    run = RunLayout.create(tmp_path / "run")
+    trainer = Trainer(run, cfg)
+    from agentrl.rollout.source import PromptSource
+    source = PromptSource(trainer.rows, rollout_batch_size=3, seed=0)
+    trainer.open_rollout(0, source)
+    gen = trainer.ledger.current_generation(0)
+    with FakePool(run.root):
+        trainer.wait_for_groups(0)
+    # "killed" here; a new trainer reuses the open generation instead of reopening (and losing) it
+    state = run_trainer(run.root, cfg)
+    assert trainer.ledger.current_generation(0) == gen and state.iteration == 1
+
+
+def test_config_errors_name_the_field(tiny_model, prompts, tmp_path):
+    with pytest.raises(TrainConfigError, match="train: global_batch_size 4 does not divide"):
+        config(tiny_model, prompts, global_batch_size=4)
+    with pytest.raises(TrainConfigError, match="train.lr: Input should be greater than 0"):
+        config(tiny_model, prompts, lr=0)
+    with pytest.raises(TrainConfigError, match="train.learning_rate: unknown key"):
+        config(tiny_model, prompts, learning_rate=1)
+    with pytest.raises(TrainConfigError, match="holds no config.json"):
+        config(tmp_path, prompts)
+    bad = tmp_path / "c.yaml"
+    bad.write_text("trainer: {}\n")
+    with pytest.raises(TrainConfigError, match="needs a `train:` mapping"):
+        load_config(bad)
+
+
+def test_agentrl_train_command_runs_a_rollout(tiny_model, prompts, tmp_path):
+    shutil.copy(prompts, tmp_path / "prompts.jsonl")
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({"train": {"model": str(tiny_model), "prompt_data": "prompts.jsonl",
+                                             "num_rollouts": 1, "rollout_batch_size": 2, "n_samples_per_prompt": 2,
+                                             "max_tokens_per_gpu": 256}}))
+    run_dir = tmp_path / "runs/exp1"
+    with FakePool(run_dir):
+        r = subprocess.run([sys.executable, "-m", "agentrl.cli", "train", str(run_dir), "--config", str(cfg)],
+                           capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "trained 1 rollouts" in r.stdout and "rollout 0: 2/2 groups complete" in r.stderr
+    assert RunLayout.open(run_dir).latest_checkpoint() == 1
+
+
+@pytest.mark.slurm
+def test_two_ranks_as_slurm_tasks_train_one_model(slurm_env, tiny_model, prompts, tmp_path):
+    """DDP over gloo, one rank per Slurm task on two nodes: the ranks must end with the same weights."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({"train": {"model": str(tiny_model), "prompt_data": str(prompts),
+                                             "num_rollouts": 2, "rollout_batch_size": 2, "n_samples_per_prompt": 2,
+                                             "lr": 1e-3, "max_tokens_per_gpu": 128}}))
+    run_dir = tmp_path / "run"
+    with FakePool(run_dir):
+        r = subprocess.run(["srun", "-p", "cpu", "-N2", "-n2", "--exact", "-c1", "--mem=1500", sys.executable, "-m",
+                            "agentrl.cli", "train", str(run_dir), "--config", str(cfg)],
+                           capture_output=True, text=True, timeout=600, cwd=ROOT, env=slurm_env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    ranks = [json.loads((run_dir / f"logs/train-rank{k}.json").read_text()) for k in (0, 1)]
+    assert ranks[0] == ranks[1] and ranks[0]["rollout"] == 1
+    lines = metrics(run_dir)
+    assert [m["rollout"] for m in lines] == [0, 1] and lines[-1]["fingerprint"] == ranks[0]["fingerprint"]
+    # Each rank trained its own micro-batches: the step's tokens are summed over both.
+    assert all(m["train/step_tokens"] >= m["train/step_samples"] for m in lines)
+
+
+def test_weights_reach_the_inference_server_before_the_next_rollout_opens(tiny_model, prompts, tmp_path):
+    import httpx
+
+    from hpc.inference.cpu_server import Engine, ServerThread
+    from hpc.registry import Registry
+
+    run = RunLayout.create(tmp_path / "run")
+    seen: dict[int, set[str]] = {}
+
+    class WatchingPool(FakePool):
+        """Asks the server for its weight version whenever it claims: the rollout's policy."""
+        def _loop(self):
+            import hpc.ledger as ledger_mod
+            real_claim = ledger_mod.Ledger.claim
+
+            def claim(ledger, *a, **kw):
+                c = real_claim(ledger, *a, **kw)
+                if c is not None:
+                    version = httpx.get(f"{server.url}/get_model_info", timeout=10).json()["weight_version"]
+                    seen.setdefault(c.rollout_id, set()).add(version)
+                return c
+            ledger_mod.Ledger.claim = claim
+            try:
+                super()._loop()
+            finally:
+                ledger_mod.Ledger.claim = real_claim
+
+    with ServerThread(Engine(tiny_model, weight_version="0")) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        Registry(run.services_dir).register("inference", 0, host="127.0.0.1", port=port)
+        with WatchingPool(run.root):
+            state = Trainer(run, config(tiny_model, prompts, num_rollouts=3)).train()
+        final = httpx.get(f"{server.url}/get_model_info", timeout=10).json()["weight_version"]
+    assert seen == {0: {"0"}, 1: {"1"}, 2: {"2"}}
+    assert final == "2" and state.weight_version == 2        # not after the last rollout: no eval follows
+    lines = metrics(run.root)
+    assert [m.get("weight_version") for m in lines] == [1, 2, None] and lines[0]["inference_servers"] == 1

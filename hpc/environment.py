@@ -56,3 +56,20 @@ class Writer(BaseModel):
 
 
 _current: Writer | None = None
+
+
+class RoleEnv(BaseModel):
+    """What the launcher tells a role's task (hpc.launch.task): its run directory, role and index."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_dir: str | None = None
+    role: str | None = None
+    task_index: int = 0
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> RoleEnv:
+        env = os.environ if environ is None else environ
+        index = env.get("AGENTRL_TASK_INDEX", "0")
+        return cls(run_dir=env.get("AGENTRL_RUN_DIR") or None, role=env.get("AGENTRL_ROLE") or None,
+                   task_index=int(index) if index.isdigit() else 0)

@@ -1,6 +1,7 @@
 """The trainer loop on the tiny model, fed by a stand-in pool through the real ledger and buffer."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -101,19 +102,35 @@ def test_config_errors_name_the_field(tiny_model, prompts, tmp_path):
         load_config(bad)
 
 
-def test_agentrl_train_command_runs_a_rollout(tiny_model, prompts, tmp_path):
+@pytest.mark.parametrize("how", ["config-file", "launched-role"])
+def test_agentrl_train_command_runs_a_rollout(tiny_model, prompts, tmp_path, how):
     shutil.copy(prompts, tmp_path / "prompts.jsonl")
-    cfg = tmp_path / "run.yaml"
-    cfg.write_text(yaml.safe_dump({"train": {"model": str(tiny_model), "prompt_data": "prompts.jsonl",
-                                             "num_rollouts": 1, "rollout_batch_size": 2, "n_samples_per_prompt": 2,
-                                             "max_tokens_per_gpu": 256}}))
+    train = {"model": str(tiny_model), "prompt_data": "prompts.jsonl", "num_rollouts": 1, "rollout_batch_size": 2,
+             "n_samples_per_prompt": 2, "max_tokens_per_gpu": 256}
     run_dir = tmp_path / "runs/exp1"
+    cmd, env = [sys.executable, "-m", "agentrl.cli", "train"], dict(os.environ)
+    if how == "config-file":
+        cfg = tmp_path / "run.yaml"
+        cfg.write_text(yaml.safe_dump({"train": train}))
+        cmd += [str(run_dir), "--config", str(cfg)]
+    else:   # as `agentrl launch` starts it: the run holds the config; paths are relative to the run
+        RunLayout.create(run_dir, config={"train": dict(train, prompt_data="../../prompts.jsonl")})
+        env.update(AGENTRL_RUN_DIR=str(run_dir), AGENTRL_ROLE="trainer", AGENTRL_TASK_INDEX="0")
     with FakePool(run_dir):
-        r = subprocess.run([sys.executable, "-m", "agentrl.cli", "train", str(run_dir), "--config", str(cfg)],
-                           capture_output=True, text=True, timeout=300, cwd=ROOT)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "trained 1 rollouts" in r.stdout and "rollout 0: 2/2 groups complete" in r.stderr
     assert RunLayout.open(run_dir).latest_checkpoint() == 1
+
+
+def test_agentrl_train_without_a_run_says_what_to_give(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTRL_")}
+    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "train"], capture_output=True, text=True, timeout=120,
+                       cwd=ROOT, env=env)
+    assert r.returncode == 2 and "give RUN_DIR" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "train", str(tmp_path)], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT, env=env)
+    assert r.returncode == 2 and "not a run directory" in r.stderr
 
 
 @pytest.mark.slurm
@@ -174,3 +191,48 @@ def test_weights_reach_the_inference_server_before_the_next_rollout_opens(tiny_m
     assert final == "2" and state.weight_version == 2        # not after the last rollout: no eval follows
     lines = metrics(run.root)
     assert [m.get("weight_version") for m in lines] == [1, 2, None] and lines[0]["inference_servers"] == 1
+
+
+def test_colocated_servers_release_memory_only_after_the_rollout_closes(tiny_model, prompts, tmp_path):
+    """The protocol's order on CPU: the memory release itself needs a GPU (SGLang's memory saver)."""
+    import httpx
+
+    from agentrl.train.publish import InferenceClient
+    from hpc.ledger import Ledger
+    from hpc.registry import Registry
+
+    events: list[str] = []
+    version = {"v": "0"}
+
+    def server(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path == "/get_model_info":
+            return httpx.Response(200, json={"weight_version": version["v"]})
+        if path == "/update_weights_from_disk":
+            version["v"] = json.loads(request.content)["weight_version"]
+        events.append(path.strip("/"))
+        return httpx.Response(200, json={"success": True})
+
+    real_close, real_open = Ledger.close_rollout, Ledger.open_rollout
+
+    def close(self, r):
+        events.append(f"close {r}")
+        return real_close(self, r)
+
+    def open_(self, r, *a, **kw):
+        events.append(f"open {r}")
+        return real_open(self, r, *a, **kw)
+
+    run = RunLayout.create(tmp_path / "run")
+    Registry(run.services_dir).register("inference", 0, host="gpu1", port=30000)
+    trainer = Trainer(run, config(tiny_model, prompts, num_rollouts=2, colocated=True),
+                      inference_client=lambda url: InferenceClient(url, transport=httpx.MockTransport(server)))
+    Ledger.close_rollout, Ledger.open_rollout = close, open_
+    try:
+        with FakePool(run.root):
+            trainer.train()
+    finally:
+        Ledger.close_rollout, Ledger.open_rollout = real_close, real_open
+    cycle = ["pause_generation", "release_memory_occupation", "resume_memory_occupation"]
+    assert events == ["open 0", "close 0", *cycle, "update_weights_from_disk", "flush_cache", "continue_generation",
+                      "open 1", "close 1", *cycle, "continue_generation"]   # no new weights after the last rollout

@@ -1,8 +1,10 @@
-"""`agentrl train RUN_DIR --config CONFIG`: the trainer role, one process per rank.
+"""`agentrl train [RUN_DIR] [--config CONFIG]`: the trainer role, one process per rank.
 
 Under srun, mpirun or torchrun the ranks find each other through `hpc.launch.distenv` (gloo on
 CPU, NCCL on GPU). The config is YAML whose `train:` section is a TrainConfig; relative paths in
-it are relative to the config file.
+it are relative to the config file. Started by `agentrl launch`, both come from the run: the
+directory from AGENTRL_RUN_DIR and the config from its run.yaml (relative paths: to the run
+directory).
 """
 
 from __future__ import annotations
@@ -17,39 +19,60 @@ import yaml
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", type=Path, help="the run directory (created if missing)")
-    p.add_argument("--config", type=Path, required=True, help="YAML with a train: section")
+    p.add_argument("run_dir", type=Path, nargs="?",
+                   help="the run directory (created if missing; default: $AGENTRL_RUN_DIR, set by agentrl launch)")
+    p.add_argument("--config", type=Path, help="YAML with a train: section (default: the run's run.yaml)")
 
 
 def load_config(path: Path):
-    from .config import TrainConfigError, load_train_config
+    from .config import TrainConfigError
 
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as e:
         raise TrainConfigError(f"{path}: {e}") from None
+    return train_section(data, path.parent, str(path)), data
+
+
+def train_section(data, base: Path, source: str):
+    from .config import TrainConfigError, load_train_config
+
     if not isinstance(data, dict) or not isinstance(data.get("train"), dict):
-        raise TrainConfigError(f"{path}: needs a `train:` mapping (see docs/train.md)")
+        raise TrainConfigError(f"{source}: needs a `train:` mapping (see docs/train.md)")
     train = dict(data["train"])
     for key in ("model", "prompt_data"):
         if isinstance(train.get(key), str) and not os.path.isabs(train[key]):
-            train[key] = str((path.parent / train[key]).resolve())
-    return load_train_config(train, source=f"{path}: train"), data
+            train[key] = str((base / train[key]).resolve())
+    return load_train_config(train, source=f"{source}: train")
 
 
 def run(args: argparse.Namespace) -> int:
+    from hpc.environment import RoleEnv
+    from hpc.records import RecordError
+    from hpc.runlayout import RunDirError, RunLayout
+
     from .config import TrainConfigError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    if args.run_dir is None:
+        role = RoleEnv.from_environ()
+        if role.run_dir is None:
+            print("agentrl train: give RUN_DIR (or run it as a role of `agentrl launch`, which sets AGENTRL_RUN_DIR)",
+                  file=sys.stderr)
+            return 2
+        args.run_dir = Path(role.run_dir)
     try:
-        cfg, raw = load_config(args.config)
-    except TrainConfigError as e:
+        if args.config is not None:
+            cfg, raw = load_config(args.config)
+        else:
+            raw = RunLayout.open(args.run_dir).manifest().config
+            cfg = train_section(raw, args.run_dir, str(args.run_dir / "run.yaml"))
+    except (TrainConfigError, RunDirError, RecordError) as e:
         print(f"agentrl train: {e}", file=sys.stderr)
         return 2
     import torch
 
     from hpc.launch.distenv import detect, init_process_group
-    from hpc.runlayout import RunLayout
 
     from .loop import Trainer
     from .torch_backend import barrier

@@ -48,6 +48,7 @@ class TrainConfig(BaseModel):
     publish_every: int = Field(default=1, gt=0)          # rollouts between weight reloads of inference
     evals_after_last: bool = False                       # publish weights after the last rollout too
     publish_timeout_s: float = Field(default=600.0, gt=0)
+    colocated: bool = False     # inference shares the trainer's GPUs: it releases its memory while training
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:

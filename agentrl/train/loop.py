@@ -28,7 +28,7 @@ from ..rollout.source import PromptSource, load_prompt_rows
 from .batch import plan_steps, rollout_batch, rollout_metrics
 from .checkpoint import TrainerState, load_latest, save_checkpoint
 from .config import TrainConfig
-from .publish import publish_weights
+from .publish import ColocatedInference, InferenceClient, publish_weights
 from .torch_backend import TorchPolicy, barrier, world
 
 log = logging.getLogger("agentrl.train")
@@ -41,6 +41,7 @@ class Trainer:
     cfg: TrainConfig
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
+    inference_client: Callable[[str], InferenceClient] | None = None    # tests record the calls
 
     def __post_init__(self) -> None:
         self.rank, self.world_size = world()
@@ -112,10 +113,27 @@ class Trainer:
             self.ledger.close_rollout(r)
         barrier()
         t_rollout = self.clock() - t0
+        colocated = None
+        if cfg.colocated and self.rank == 0:
+            # The rollout is closed: no sandbox waits on a generation when the servers let go of their memory.
+            colocated = ColocatedInference([self._client(url) for url in self.inference_servers()])
+            colocated.__enter__()
+        try:
+            return self._train_rollout(r, source, policy, state, colocated, {"rollout_s": round(t_rollout, 3)})
+        except BaseException:
+            if colocated is not None:      # leave the servers generating (old weights) for the next trainer
+                colocated.__exit__(None, None, None)
+                colocated.resume(None, state.weight_version)
+            raise
+
+    def _train_rollout(self, r: int, source: PromptSource, policy: TorchPolicy, state: TrainerState,
+                       colocated: ColocatedInference | None, timing: dict[str, float]) -> TrainerState:
+        cfg = self.cfg
+        barrier()
         # Re-read after closing: groups that completed meanwhile are trained on too.
         groups = read_rollout(self.ledger, self.run.buffer_dir, r)
         batch = rollout_batch(groups, std_normalize=cfg.std_normalize)
-        metrics: dict[str, Any] = {"rollout": r, **rollout_metrics(batch), "rollout_s": round(t_rollout, 3)}
+        metrics: dict[str, Any] = {"rollout": r, **rollout_metrics(batch), **timing}
         t1 = self.clock()
         steps = plan_steps(batch, global_batch_size=cfg.global_batch_size, max_tokens_per_gpu=cfg.max_tokens_per_gpu,
                            dp_size=self.world_size, rank=self.rank)
@@ -134,15 +152,28 @@ class Trainer:
                 save_checkpoint(self.run, policy, state)
             barrier()
             metrics["checkpoint_s"] = round(self.clock() - t2, 3)
-        if publish and self.rank == 0:
-            servers = [f"http://{s.host}:{s.port}" for s in self.registry.alive("inference") if s.port]
-            times = publish_weights(servers, self.run.checkpoint_dir(n) / "hf", n, timeout_s=cfg.publish_timeout_s)
+        if colocated is not None:
+            t3 = self.clock()
+            colocated.__exit__(None, None, None)
+            colocated.resume(self.run.checkpoint_dir(n) / "hf" if publish else None, n)
+            if publish:
+                metrics.update({"weight_version": n, "publish_s": round(self.clock() - t3, 3),
+                                "inference_servers": len(colocated.clients)})
+        elif publish and self.rank == 0:
+            times = publish_weights(self.inference_servers(), self.run.checkpoint_dir(n) / "hf", n,
+                                    timeout_s=cfg.publish_timeout_s, client=self._client)
             metrics.update({"weight_version": n, "publish_s": round(max(times.values(), default=0.0), 3),
                             "inference_servers": len(times)})
         barrier()
         metrics["fingerprint"] = policy.fingerprint()
         self._record(metrics)
         return state
+
+    def _client(self, url: str) -> InferenceClient:
+        return self.inference_client(url) if self.inference_client else InferenceClient(url, self.cfg.publish_timeout_s)
+
+    def inference_servers(self) -> list[str]:
+        return [f"http://{s.host}:{s.port}" for s in self.registry.alive("inference") if s.port]
 
     def _record(self, metrics: dict[str, Any]) -> None:
         """metrics.jsonl gets rank 0's line; every rank leaves its model fingerprint (ranks must agree)."""

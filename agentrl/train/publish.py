@@ -113,22 +113,32 @@ class ColocatedInference:
 
     def __init__(self, clients: Sequence[InferenceClient]):
         self.clients = list(clients)
+        self.paused = self.released = False
 
     def __enter__(self) -> ColocatedInference:
+        self.paused = True
         for c in self.clients:
             c.pause()
+        self.released = True
+        for c in self.clients:
             c.release_memory()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for c in self.clients:
-            c.resume_memory()
+        if self.released:
+            for c in self.clients:
+                c.resume_memory()
+            self.released = False
 
-    def publish(self, model_path: Path, version: int) -> None:
-        """Load the new weights into the resumed memory, flush, and only then continue generating."""
+    def resume(self, model_path: Path | None, version: int) -> None:
+        """Continue generating, after loading new weights (when given) into the memory taken back."""
+        if not self.paused:
+            return
+        self.paused = False
         for c in self.clients:
-            c.update_weights(model_path, version)
-            c.flush_cache()
+            if model_path is not None:
+                c.update_weights(model_path, version)
+                c.flush_cache()
             c.resume()
-            if c.weight_version() != str(version):
+            if model_path is not None and c.weight_version() != str(version):
                 raise PublishError(f"{c.url} did not report weight_version {version} after the reload")

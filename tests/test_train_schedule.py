@@ -42,9 +42,20 @@ def test_the_count_is_aligned_by_splitting_the_largest_bin_into_balanced_halves(
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         # first-fit packs all 100 tokens into one bin; dp_size=2 halves it 50 / 50
         assert build_schedule(lengths, range(4), max_tokens_per_gpu=100, dp_size=2) == [[0, 3], [1, 2]]
-        # 101 tokens need two bins anyway: nothing to split
-        assert build_schedule(lengths + [1], range(5), max_tokens_per_gpu=100, dp_size=2) == [[0, 1, 2, 3], [4]]
+        # 101 tokens need two bins anyway: nothing to split, but first-fit's 100 / 1 is re-dealt 51 / 50
+        assert build_schedule(lengths + [1], range(5), max_tokens_per_gpu=100, dp_size=2) == [[0, 3, 4], [1, 2]]
     assert not caplog.records
+
+
+def test_rebalancing_keeps_the_count_and_the_cap():
+    # first-fit: [60, 40] [30, 30, 20, 20], split to 3 for dp: 100 / 60 / 40; re-dealt by LPT: 80 / 60 / 60
+    lengths = [60, 40, 30, 30, 20, 20]
+    bins = build_schedule(lengths, range(6), max_tokens_per_gpu=100, dp_size=3)
+    loads = sorted(sum(lengths[i] for i in b) for b in bins)
+    assert len(bins) == 3 and loads == [60, 60, 80]
+    # a cap too tight for LPT's dealing keeps first-fit's bins
+    tight = build_schedule([50, 50, 50, 50, 49, 1], range(6), max_tokens_per_gpu=100, dp_size=1)
+    assert all(sum([50, 50, 50, 50, 49, 1][i] for i in b) <= 100 for b in tight)
 
 
 def test_a_sample_over_the_cap_gets_a_micro_batch_of_its_own_and_a_warning(caplog):

@@ -110,7 +110,7 @@ def _schedule(indices: Sequence[int], lengths: Sequence[int], cap: int, dp_size:
         log.warning("%d samples exceed max_tokens_per_gpu=%d (longest %d tokens) and get a micro-batch each: keep "
                     "the rollout context length (max_context) within max_tokens_per_gpu",
                     len(too_long), cap, max(lengths[i] for i in too_long))
-    bins = _align(_first_fit_decreasing(indices, lengths, cap), lengths, dp_size, merge)
+    bins = _balance(_align(_first_fit_decreasing(indices, lengths, cap), lengths, dp_size, merge), lengths, cap)
     merged_over = [_tokens(b, lengths) for b in bins if len(b) > 1 and _tokens(b, lengths) > cap]
     if merged_over:
         log.warning("%d micro-batches exceed max_tokens_per_gpu=%d (largest %d tokens): merging was the only way "
@@ -150,6 +150,21 @@ def _align(bins: list[MicroBatch], lengths: Sequence[int], dp_size: int, merge: 
             return merge(bins, lengths, len(bins) - len(bins) % dp_size)
         largest = max(splittable, key=lambda b: (_tokens(bins[b], lengths), -b))
         bins.extend(_merge_lpt([[i] for i in bins.pop(largest)], lengths, 2))
+    return bins
+
+
+def _balance(bins: list[MicroBatch], lengths: Sequence[int], cap: int) -> list[MicroBatch]:
+    """The same number of micro-batches, re-dealt by LPT when that lowers the largest without breaking the cap.
+
+    First-fit decreasing finds few bins but fills the first ones and leaves the last light; the step
+    waits for its largest micro-batch, so spreading the same samples evenly is free time.
+    """
+    dealt = _merge_lpt([[i] for b in bins for i in b], lengths, len(bins))
+    largest = max(_tokens(b, lengths) for b in bins)
+    new_largest = max(_tokens(b, lengths) for b in dealt)
+    if new_largest < largest and all(_tokens(b, lengths) <= cap or len(b) == 1 for b in dealt) \
+            and all(b for b in dealt):
+        return dealt
     return bins
 
 

@@ -21,6 +21,7 @@ VOCAB = 4000
 def samples_for(rollout: int, group: int, attempt: int) -> list[Sample]:
     rng = np.random.default_rng([rollout, group, attempt])
     reward = float((attempt + group) % 2)
+    metadata = {"weight_version": 0, "empty_patch": "not_triggered", "drift": {"clean": 2}, "agent_s": 1.0}
     out = []
     for _ in range(2 if attempt == 1 else 1):
         prompt, response = int(rng.integers(8, 24)), int(rng.integers(4, 16))
@@ -29,7 +30,7 @@ def samples_for(rollout: int, group: int, attempt: int) -> list[Sample]:
         mask[: response // 4] = 0                 # a tool result inside the response: not trained
         out.append(Sample(tokens=tokens, response_length=response, loss_mask=mask,
                           rollout_log_probs=-rng.uniform(0.5, 3.0, response).astype(np.float32), reward=reward,
-                          status="completed", group_index=group, attempt=attempt, metadata={"weight_version": 0}))
+                          status="completed", group_index=group, attempt=attempt, metadata=metadata))
     return out
 
 

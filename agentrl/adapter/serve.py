@@ -87,9 +87,13 @@ class AdapterServer:
             raise RuntimeError(f"the adapter did not start: {failure[0]}")
         return self
 
-    def stop(self) -> None:
+    def request_stop(self) -> None:
+        """Ask `serve()` to return (it finishes the requests in flight first)."""
         for s in self._servers:
             s.should_exit = True
+
+    def stop(self) -> None:
+        self.request_stop()
         if self._thread is not None:
             self._thread.join(15)
 

@@ -65,7 +65,8 @@ class CheckRow:
         return bool(self.problem)
 
 
-def _materialize(files: dict[str, bytes], into: Path) -> Path:
+def materialize(files: dict[str, bytes], into: Path) -> Path:
+    """A host task's repository as files under `into` (what its sandbox's work tree starts as)."""
     for rel, data in files.items():
         path = into / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -99,7 +100,7 @@ async def _attempt(task: LoadedTask, repo: Path | None, oracle: bool, where: Whe
 async def check_task(task: LoadedTask, where: Where = Where()) -> CheckRow:
     tmp = Path(tempfile.mkdtemp(prefix="task-", dir=where.scratch))
     try:
-        repo = _materialize(task.testbed, tmp / "repo") if task.testbed else None
+        repo = materialize(task.testbed, tmp / "repo") if task.testbed else None
         results, times, problems = {}, {}, []
         for mode in ("oracle", "noop"):
             t0 = time.monotonic()

@@ -64,17 +64,3 @@ def plan_steps(batch: RolloutBatch, *, global_batch_size: int | None, max_tokens
         mine = assign_ranks(micro_batches, batch.lengths, dp_size=dp_size)[rank]
         plans.append(StepPlan(mine, index, counts, len(members), sum(batch.lengths[i] for i in members)))
     return plans
-
-
-def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
-    rewards = {a: s.reward for a, s in zip(batch.attempt, batch.samples, strict=True)}
-    by_group: dict[int, list[float]] = {}
-    for (g, _a), r in rewards.items():
-        by_group.setdefault(g, []).append(r)
-    return {"reward_mean": float(np.mean(list(rewards.values()))),
-            "pass_rate": float(np.mean([r > 0 for r in rewards.values()])),
-            "groups": len(by_group), "attempts": len(rewards), "samples": len(batch.samples),
-            "samples_per_attempt": len(batch.samples) / len(rewards),
-            "zero_variance_groups": sum(len(set(v)) == 1 for v in by_group.values()),
-            "response_tokens": int(sum(s.response_length for s in batch.samples)),
-            "trained_tokens": int(sum(int(s.loss_mask.sum()) for s in batch.samples))}

@@ -24,8 +24,9 @@ from hpc.ledger import Ledger
 from hpc.registry import Registry
 from hpc.runlayout import RunLayout
 
+from ..rollout.metrics import rollout_report
 from ..rollout.source import PromptSource, load_prompt_rows
-from .batch import plan_steps, rollout_batch, rollout_metrics
+from .batch import plan_steps, rollout_batch
 from .checkpoint import TrainerState, load_latest, save_checkpoint
 from .config import TrainConfig
 from .publish import ColocatedInference, InferenceClient, publish_weights
@@ -133,7 +134,9 @@ class Trainer:
         # Re-read after closing: groups that completed meanwhile are trained on too.
         groups = read_rollout(self.ledger, self.run.buffer_dir, r)
         batch = rollout_batch(groups, std_normalize=cfg.std_normalize)
-        metrics: dict[str, Any] = {"rollout": r, **rollout_metrics(batch), **timing}
+        report = rollout_report(batch.samples, ks=sorted({1, cfg.n_samples_per_prompt}), rollout_s=timing["rollout_s"],
+                                infra_failures=self.ledger.status(r).failed)
+        metrics: dict[str, Any] = {"rollout": r, **report, **timing}
         t1 = self.clock()
         steps = plan_steps(batch, global_batch_size=cfg.global_batch_size, max_tokens_per_gpu=cfg.max_tokens_per_gpu,
                            dp_size=self.world_size, rank=self.rank)

@@ -1,0 +1,394 @@
+"""The megatron backend: a megatron-core GPTModel built from a Qwen2-shaped HF model, tensor-parallel.
+
+The same interface as TorchPolicy (train_step, response_logprobs, save, load, export_hf, fingerprint,
+steps), for models that need their layers split over GPUs. Sizes come from megatron-core's parallel
+state, which `init_model_parallel` sets up over the default process group.
+
+What the local layer spec (no Transformer Engine, so it runs anywhere) allows, and so what this does:
+- Tensor parallelism only. Context parallelism needs TEDotProductAttention (the local attention asserts
+  context_parallel_size == 1) and pipeline parallelism needs Megatron's pipeline schedules, which
+  allocate on "cuda"; both are refused at construction.
+- Padded micro-batches, as in TorchPolicy: the local DotProductAttention refuses PackedSeqParams
+  ("Packed sequence is not supported by DotProductAttention"). Samples are right-padded, so the causal
+  mask alone keeps padding out of every real token's attention.
+- On CPU, torch AdamW with a tensor-parallel-aware gradient norm: megatron-core's optimizers and its
+  DistributedDataParallel allocate on "cuda" (overflow buffers, grad-norm reduction, the schedules'
+  token counter). On GPU, Megatron's DistributedDataParallel and optimizer (optionally distributed).
+
+Checkpoints are megatron-core dist_checkpointing (sharded, resharding-capable) and collective: every
+rank calls save/load with the same path; export_hf gathers the tensor-parallel shards and the global
+rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict, Field
+from torch import Tensor
+
+from .batch import RolloutBatch, StepPlan
+from .config import TrainConfig
+from .loss import policy_loss
+from .megatron_convert import hf_to_megatron, megatron_to_hf, rope_parameters, transformer_config_kwargs
+from .torch_backend import TOKENIZER_FILES, world
+
+
+class MegatronOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tensor_parallel_size: int = Field(default=1, gt=0)
+    pipeline_parallel_size: int = Field(default=1, gt=0)    # 1 only, for now (see the module docstring)
+    context_parallel_size: int = Field(default=1, gt=0)     # 1 only, for now
+    bf16: bool = False                  # GPU only: bf16 weights and activations, fp32 main weights in the optimizer
+    distributed_optimizer: bool = True  # GPU only: shard optimizer state over the data-parallel ranks
+
+
+def init_model_parallel(options: MegatronOptions) -> None:
+    """Set up megatron-core's process groups over the initialised default group, unless already set up."""
+    from megatron.core import parallel_state as mpu
+
+    if not mpu.model_parallel_is_initialized():
+        mpu.initialize_model_parallel(options.tensor_parallel_size, options.pipeline_parallel_size,
+                                      context_parallel_size=options.context_parallel_size)
+
+
+class MegatronPolicy:
+    def __init__(self, model_dir: Path, cfg: TrainConfig, options: MegatronOptions | None = None):
+        from megatron.core import parallel_state as mpu
+        from megatron.core import tensor_parallel
+        from transformers import AutoConfig
+
+        self.cfg, self.model_dir, self.options = cfg, Path(model_dir), options or MegatronOptions()
+        if not (dist.is_initialized() and mpu.model_parallel_is_initialized()):
+            raise RuntimeError("MegatronPolicy needs torch.distributed and megatron-core's parallel state: call "
+                               "init_model_parallel(options) after init_process_group")
+        self.rank, self.world_size = world()
+        self.tp_rank, self.tp_size = mpu.get_tensor_model_parallel_rank(), mpu.get_tensor_model_parallel_world_size()
+        self.dp_rank, self.dp_size = mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()
+        if mpu.get_pipeline_model_parallel_world_size() > 1 or mpu.get_context_parallel_world_size() > 1:
+            raise NotImplementedError("the megatron backend runs tensor parallelism only: pipeline parallelism "
+                                      "needs Megatron's schedules and context parallelism Transformer Engine")
+        self.cuda = torch.cuda.is_available()
+        if self.options.bf16 and not self.cuda:
+            raise ValueError("bf16 needs CUDA: on CPU the backend trains fp32 weights with torch AdamW")
+        self.device = torch.device("cuda", torch.cuda.current_device()) if self.cuda else torch.device("cpu")
+        torch.manual_seed(cfg.seed)
+        if self.cuda:     # the tracker Megatron forks for dropout and tensor-parallel initialisation
+            tensor_parallel.model_parallel_cuda_manual_seed(cfg.seed)
+        self.hf_config = AutoConfig.from_pretrained(str(model_dir))
+        if self.hf_config.vocab_size % self.tp_size:
+            raise ValueError(f"vocab_size {self.hf_config.vocab_size} does not split over tensor_parallel_size "
+                             f"{self.tp_size}")
+        hf_state = _read_safetensors(self.model_dir)
+        self.module = self._build(hf_state)
+        self.ref = None
+        if cfg.kl_coef > 0:
+            self.ref = self._build(hf_state).requires_grad_(False).eval()
+        del hf_state
+        if self.cuda:
+            self.model, self.optimizer = _megatron_training(self.module, cfg, self.options)
+        else:
+            self.model, self.optimizer = self.module, _CpuAdamW(self.module, cfg)
+        self.steps = 0
+
+    def _build(self, hf_state: dict[str, Tensor]) -> torch.nn.Module:
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.transformer import TransformerConfig
+
+        hf, dtype = self.hf_config, torch.bfloat16 if self.options.bf16 else torch.float32
+        config = TransformerConfig(
+            **transformer_config_kwargs(hf), tensor_model_parallel_size=self.tp_size, params_dtype=dtype,
+            bf16=self.options.bf16, use_cpu_initialization=not self.cuda,
+            perform_initialization=False,          # every weight is loaded from the HF checkpoint next
+            # fused kernels are CUDA-only, and the gradient sums below are over data-parallel ranks, not averages
+            bias_dropout_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
+            apply_rope_fusion=False, gradient_accumulation_fusion=False, calculate_per_token_loss=True)
+        model = GPTModel(config, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=hf.vocab_size,
+                         max_sequence_length=hf.max_position_embeddings, position_embedding_type="rope",
+                         rotary_base=rope_parameters(hf)["rope_theta"],
+                         share_embeddings_and_output_weights=hf.tie_word_embeddings)
+        weights = hf_to_megatron(hf_state, hf, tp_rank=self.tp_rank, tp_size=self.tp_size)
+        _load_exactly(model, weights)
+        return model.to(self.device).train()
+
+    # ------------------------------------------------------------ forward
+
+    def response_logprobs(self, model: torch.nn.Module, batch: RolloutBatch, indices: list[int]) -> Tensor:
+        """Log-probs of each sample's response tokens under `model`, flat over the micro-batch."""
+        from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+        ids = padded_tokens(batch, indices).to(self.device)
+        length = ids.shape[1]
+        positions = torch.arange(length, device=self.device).expand_as(ids)
+        # An explicit causal mask (True: hidden): left to itself the local attention builds one on "cuda".
+        causal = torch.ones(length, length, dtype=torch.bool, device=self.device).triu(1)[None, None]
+        logits = model(ids, positions, attention_mask=causal)[:, :-1].float() / self.cfg.rollout_temperature
+        logp = -vocab_parallel_cross_entropy(logits, ids[:, 1:])    # this rank's vocabulary shard suffices
+        return response_slices(logp, batch, indices)
+
+    # ------------------------------------------------------------ one optimizer step
+
+    def train_step(self, batch: RolloutBatch, plan: StepPlan) -> dict[str, float]:
+        cfg = self.cfg
+        counts = torch.from_numpy(plan.attempt_token_counts).to(self.device, torch.float32)
+        totals: dict[str, float] = {}
+        self.optimizer.zero_grad()
+        for indices in plan.micro_batches:
+            flat = {k: v.to(self.device) for k, v in token_inputs(batch, plan, indices).items()}
+            old = flat["rollout"]
+            if cfg.tis_cap is not None:      # the trainer's own behaviour policy, weighed against the sampler's
+                with torch.no_grad():
+                    old = self.response_logprobs(self.model, batch, indices)
+            ref = None
+            if self.ref is not None:
+                with torch.no_grad():
+                    ref = self.response_logprobs(self.ref, batch, indices)
+            logprobs = self.response_logprobs(self.model, batch, indices)
+            loss, metrics = policy_loss(
+                logprobs, old, flat["advantages"], flat["loss_mask"], flat["attempt"],
+                eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, ref_logprobs=ref, kl_coef=cfg.kl_coef,
+                tis_cap=cfg.tis_cap, rollout_logprobs=flat["rollout"] if cfg.tis_cap is not None else None,
+                attempt_token_counts=counts, num_attempts=len(plan.attempt_index))
+            # Gradients are summed over data-parallel ranks: the per-attempt reduction already divides by the step.
+            loss.backward()
+            for name, value in {"loss": loss.detach(), **metrics}.items():
+                totals[name] = totals.get(name, 0.0) + float(value)
+        grad_norm = self.optimizer.step()
+        self.steps += 1
+        return {**self._sum_over_data_parallel(totals), "grad_norm": grad_norm, "step_samples": plan.samples,
+                "step_tokens": plan.tokens}
+
+    def _sum_over_data_parallel(self, totals: dict[str, float]) -> dict[str, float]:
+        # Tensor-parallel ranks compute the same loss on the same samples: summing over them would count it twice.
+        from megatron.core import parallel_state as mpu
+
+        if self.dp_size == 1 or not totals:
+            return totals
+        names = sorted(totals)
+        t = torch.tensor([totals[n] for n in names], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, group=mpu.get_data_parallel_group())
+        return dict(zip(names, t.tolist(), strict=True))
+
+    # ------------------------------------------------------------ state
+
+    def _sharded_state(self, *, loading: bool) -> dict:
+        model = self.module.sharded_state_dict()
+        return {"model": model, "optimizer": self.optimizer.sharded_state_dict(model, is_loading=loading)}
+
+    def save(self, path: Path) -> None:
+        """Model and optimizer state, sharded, into `path`/megatron. Collective: every rank calls it."""
+        from megatron.core import dist_checkpointing
+
+        target = Path(path) / "megatron"
+        if self.rank == 0:
+            target.mkdir(parents=True, exist_ok=True)
+        dist.barrier()
+        dist_checkpointing.save(self._sharded_state(loading=False), str(target))
+
+    def load(self, path: Path) -> None:
+        """What `save` wrote, resharded to this run's tensor-parallel size if it differs. Collective."""
+        from megatron.core import dist_checkpointing
+
+        state = dist_checkpointing.load(self._sharded_state(loading=True), str(Path(path) / "megatron"))
+        self.module.load_state_dict(state["model"], strict=False)   # strict: no _extra_state (None) is saved
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def export_hf(self, path: Path) -> None:
+        """A Hugging Face directory (weights, config, tokenizer); collective, the global rank 0 writes."""
+        from huggingface_hub import save_torch_state_dict
+
+        shards = _gather_tensor_parallel(_parameters(self.module))
+        if self.rank != 0:
+            return
+        state = megatron_to_hf(shards, self.hf_config)
+        path = Path(path)
+        save_torch_state_dict(state, path, metadata={"format": "pt"})
+        shutil.copy2(self.model_dir / "config.json", path / "config.json")
+        for name in TOKENIZER_FILES:
+            if (self.model_dir / name).exists():
+                shutil.copy2(self.model_dir / name, path / name)
+
+    def fingerprint(self) -> str:
+        """A hash of this rank's parameter shards: data-parallel replicas that agree on it hold the same model."""
+        h = hashlib.sha256()
+        for name, p in sorted(_parameters(self.module).items()):
+            h.update(name.encode())
+            h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- the micro-batch's tensors (as TorchPolicy's)
+
+def padded_tokens(batch: RolloutBatch, indices: list[int]) -> Tensor:
+    """The micro-batch's token ids, right-padded with 0 into [samples, longest]."""
+    samples = [batch.samples[i] for i in indices]
+    ids = torch.zeros(len(samples), max(len(s.tokens) for s in samples), dtype=torch.long)
+    for row, s in enumerate(samples):
+        ids[row, :len(s.tokens)] = torch.from_numpy(s.tokens.astype(np.int64))
+    return ids
+
+
+def response_slices(per_position: Tensor, batch: RolloutBatch, indices: list[int]) -> Tensor:
+    """Each sample's response entries of a [samples, positions] tensor over the next-token predictions."""
+    pieces = []
+    for row, i in enumerate(indices):
+        s = batch.samples[i]
+        start = len(s.tokens) - s.response_length      # token t is predicted at position t - 1
+        pieces.append(per_position[row, start - 1:len(s.tokens) - 1])
+    return torch.cat(pieces)
+
+
+def token_inputs(batch: RolloutBatch, plan: StepPlan, indices: list[int]) -> dict[str, Tensor]:
+    """policy_loss's per-token inputs, flat over the micro-batch's response tokens (on the CPU)."""
+    samples = [batch.samples[i] for i in indices]
+    return {
+        "advantages": torch.from_numpy(np.concatenate([np.full(s.response_length, batch.advantages[i], np.float32)
+                                                       for i, s in zip(indices, samples, strict=True)])),
+        "loss_mask": torch.from_numpy(np.concatenate([s.loss_mask.astype(np.float32) for s in samples])),
+        "rollout": torch.from_numpy(np.concatenate([s.rollout_log_probs.astype(np.float32) for s in samples])),
+        "attempt": torch.from_numpy(np.concatenate([np.full(s.response_length, plan.attempt_index[batch.attempt[i]],
+                                                            np.int64) for i, s in zip(indices, samples, strict=True)])),
+    }
+
+
+# ---------------------------------------------------------------- optimizers
+
+class _CpuAdamW:
+    """torch AdamW, gradients summed over data-parallel ranks and clipped by the norm over tensor-parallel shards."""
+
+    def __init__(self, model: torch.nn.Module, cfg: TrainConfig):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.torch = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.grad_clip = cfg.grad_clip
+
+    def zero_grad(self) -> None:
+        self.torch.zero_grad(set_to_none=True)
+
+    def step(self) -> float:
+        from megatron.core import parallel_state as mpu
+        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+        for p in self.params:     # a rank without micro-batches still joins every reduction
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        if mpu.get_data_parallel_world_size() > 1:
+            for p in self.params:
+                dist.all_reduce(p.grad, group=mpu.get_data_parallel_group())
+        # Replicated parameters (norms) count once, not once per tensor-parallel rank.
+        owned = [p.grad for p in self.params if param_is_not_tensor_parallel_duplicate(p)]
+        squares = torch.nn.utils.get_total_norm(owned).square()
+        dist.all_reduce(squares, group=mpu.get_tensor_model_parallel_group())
+        norm = squares.sqrt()
+        torch.nn.utils.clip_grads_with_norm_(self.params, self.grad_clip, norm)
+        self.torch.step()
+        return float(norm)
+
+    def sharded_state_dict(self, model_state: dict, *, is_loading: bool) -> dict:
+        # As megatron-core's FP32Optimizer does it, whose step() (gradient clipping) would need CUDA.
+        from megatron.core.dist_checkpointing.optimizer import (get_param_id_to_sharded_param_map,
+                                                                optim_state_to_sharding_state)
+
+        if is_loading:       # AdamW creates its state lazily: give the loader tensors to fill
+            for p in self.params:
+                self.torch.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
+                                       "exp_avg_sq": torch.zeros_like(p)}
+        state = self.torch.state_dict()
+        steps = {float(s["step"]) for s in state["state"].values()}
+        optim_state_to_sharding_state(state, get_param_id_to_sharded_param_map(model_state, self.params),
+                                      exclude_keys=("step",))
+        state["common_step"] = steps.pop() if steps else 0.0
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        step = state.pop("common_step")
+        for param_state in state["state"].values():
+            param_state["step"] = torch.tensor(step)
+        self.torch.load_state_dict(state)
+
+
+class _MegatronOptimizer:
+    """megatron-core's DistributedDataParallel and optimizer (CUDA): gradient buffers, clipping, sharded state."""
+
+    def __init__(self, ddp: torch.nn.Module, optimizer):
+        self.ddp, self.megatron = ddp, optimizer
+
+    def zero_grad(self) -> None:
+        self.ddp.zero_grad_buffer()
+        self.megatron.zero_grad()
+
+    def step(self) -> float:
+        from megatron.core.distributed import finalize_model_grads
+
+        finalize_model_grads([self.ddp])     # the data-parallel gradient reduction
+        _, grad_norm, _ = self.megatron.step()
+        return float(grad_norm)
+
+    def sharded_state_dict(self, model_state: dict, *, is_loading: bool) -> dict:
+        return self.megatron.sharded_state_dict(model_state, is_loading=is_loading)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.megatron.load_state_dict(state)
+
+
+def _megatron_training(module: torch.nn.Module, cfg: TrainConfig, options: MegatronOptions):
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    ddp = DistributedDataParallel(
+        config=module.config, module=module,
+        ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True,
+                                                 use_distributed_optimizer=options.distributed_optimizer))
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(optimizer="adam", lr=cfg.lr, weight_decay=cfg.weight_decay, clip_grad=cfg.grad_clip,
+                        bf16=options.bf16, params_dtype=module.config.params_dtype,
+                        use_distributed_optimizer=options.distributed_optimizer), [ddp])
+    return ddp, _MegatronOptimizer(ddp, optimizer)
+
+
+# ---------------------------------------------------------------- weights
+
+def _read_safetensors(model_dir: Path) -> dict[str, Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir} holds no *.safetensors weights")
+    return {name: t for f in files for name, t in load_file(str(f)).items()}
+
+
+def _parameters(model: torch.nn.Module) -> dict[str, Tensor]:
+    # Megatron's layers add `_extra_state` entries (None, for Transformer Engine's FP8 metadata): not weights.
+    return {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+
+
+def _load_exactly(model: torch.nn.Module, weights: dict[str, Tensor]) -> None:
+    expected = _parameters(model)
+    missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
+    wrong = [k for k in expected.keys() & weights.keys() if expected[k].shape != weights[k].shape]
+    if missing or unexpected or wrong:
+        raise ValueError(f"HF -> Megatron conversion does not fit the model: missing {missing}, unexpected "
+                         f"{unexpected}, shapes differ for {wrong}")
+    model.load_state_dict(weights, strict=False)
+
+
+def _gather_tensor_parallel(local: dict[str, Tensor]) -> list[dict[str, Tensor]]:
+    """Every tensor-parallel rank's parameters, in rank order (collective over the tensor-parallel group)."""
+    from megatron.core import parallel_state as mpu
+
+    size = mpu.get_tensor_model_parallel_world_size()
+    if size == 1:
+        return [{k: v.detach().cpu() for k, v in local.items()}]
+    shards: list[dict[str, Tensor]] = [{} for _ in range(size)]
+    for name, t in sorted(local.items()):
+        parts = [torch.empty_like(t) for _ in range(size)]
+        dist.all_gather(parts, t.detach().contiguous(), group=mpu.get_tensor_model_parallel_group())
+        for shard, part in zip(shards, parts, strict=True):
+            shard[name] = part.cpu()
+    return shards

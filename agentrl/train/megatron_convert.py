@@ -1,0 +1,125 @@
+"""Qwen2-shaped Hugging Face checkpoints <-> megatron-core GPTModel (local spec), one tensor-parallel shard at a time.
+
+Layouts that differ between the two (Megatron side per tensor-parallel rank):
+
+    q_proj, k_proj, v_proj  -> linear_qkv    rows grouped per query group: [q heads of group g; k_g; v_g] for
+                                             each g, a rank holding a contiguous run of groups
+    gate_proj, up_proj      -> linear_fc1    [gate shard; up shard] (Megatron's GLU chunks fc1's output in two)
+    o_proj, down_proj       -> linear_proj, linear_fc2    split along the input dimension
+    embed_tokens, lm_head   -> word_embeddings, output_layer    split along the vocabulary
+    norms                   -> replicated
+
+Pipeline stages are not handled here: every function sees the whole stack of layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+ROW_SPLIT = 0     # column-parallel layers: each rank holds a slice of the output rows
+COL_SPLIT = 1     # row-parallel layers: each rank holds a slice of the input columns
+
+_LAYER = {        # Megatron name within a layer -> (HF name within a layer, tensor-parallel split or None)
+    "input_layernorm.weight": ("input_layernorm.weight", None),
+    "self_attention.linear_proj.weight": ("self_attn.o_proj.weight", COL_SPLIT),
+    "pre_mlp_layernorm.weight": ("post_attention_layernorm.weight", None),
+    "mlp.linear_fc2.weight": ("mlp.down_proj.weight", COL_SPLIT),
+}
+
+
+class UnsupportedModel(ValueError):
+    pass
+
+
+def transformer_config_kwargs(hf: Any) -> dict[str, Any]:
+    """TransformerConfig arguments that make a GPTModel compute what the Qwen2-shaped HF config `hf` does."""
+    if getattr(hf, "use_sliding_window", False):
+        raise UnsupportedModel("sliding-window attention is not converted (use_sliding_window is true)")
+    rope = rope_parameters(hf)
+    if rope.get("rope_type", "default") != "default":
+        raise UnsupportedModel(f"only default rotary embeddings are converted, got rope_type={rope['rope_type']!r}")
+    if getattr(hf, "hidden_act", "silu") != "silu":
+        raise UnsupportedModel(f"only SwiGLU MLPs are converted, got hidden_act={hf.hidden_act!r}")
+    return dict(
+        num_layers=hf.num_hidden_layers, hidden_size=hf.hidden_size, ffn_hidden_size=hf.intermediate_size,
+        num_attention_heads=hf.num_attention_heads, num_query_groups=hf.num_key_value_heads,
+        kv_channels=head_dim(hf), layernorm_epsilon=hf.rms_norm_eps, normalization="RMSNorm",
+        gated_linear_unit=True, activation_func=torch.nn.functional.silu,
+        add_bias_linear=False, add_qkv_bias=True,         # Qwen2: biases on q, k and v only
+        hidden_dropout=0.0, attention_dropout=0.0,        # the policy's log-probs must be deterministic
+    )
+
+
+def rope_parameters(hf: Any) -> dict[str, Any]:
+    # transformers 5 moved rope_theta and rope_scaling into rope_parameters
+    params = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
+    params.setdefault("rope_theta", getattr(hf, "rope_theta", 10000.0))
+    return params
+
+
+def head_dim(hf: Any) -> int:
+    return getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+
+
+def hf_to_megatron(hf_state: Mapping[str, Tensor], hf: Any, *, tp_rank: int = 0, tp_size: int = 1) -> dict[str, Tensor]:
+    """This tensor-parallel rank's GPTModel state dict (parameters only) from a full HF state dict."""
+    def shard(t: Tensor, split: int | None) -> Tensor:
+        return t if split is None else t.chunk(tp_size, dim=split)[tp_rank].clone()
+
+    out = {"embedding.word_embeddings.weight": shard(hf_state["model.embed_tokens.weight"], ROW_SPLIT),
+           "decoder.final_layernorm.weight": hf_state["model.norm.weight"]}
+    if not hf.tie_word_embeddings:
+        out["output_layer.weight"] = shard(hf_state["lm_head.weight"], ROW_SPLIT)
+    for i in range(hf.num_hidden_layers):
+        src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
+        for mname, (hname, split) in _LAYER.items():
+            out[dst + mname] = shard(hf_state[src + hname], split)
+        attn = src + "self_attn."
+        for kind in ("weight", "bias"):
+            qkv = _fuse_qkv(*(hf_state[f"{attn}{p}_proj.{kind}"] for p in "qkv"), hf)
+            out[f"{dst}self_attention.linear_qkv.{kind}"] = shard(qkv, ROW_SPLIT)
+        gate, up = (shard(hf_state[f"{src}mlp.{p}_proj.weight"], ROW_SPLIT) for p in ("gate", "up"))
+        out[dst + "mlp.linear_fc1.weight"] = torch.cat([gate, up])
+    return out
+
+
+def megatron_to_hf(tp_shards: Sequence[Mapping[str, Tensor]], hf: Any) -> dict[str, Tensor]:
+    """The full HF state dict from every tensor-parallel rank's GPTModel state dict, in rank order."""
+    def whole(name: str, split: int | None) -> Tensor:
+        return tp_shards[0][name] if split is None else torch.cat([s[name] for s in tp_shards], dim=split)
+
+    out = {"model.embed_tokens.weight": whole("embedding.word_embeddings.weight", ROW_SPLIT),
+           "model.norm.weight": whole("decoder.final_layernorm.weight", None)}
+    if not hf.tie_word_embeddings:
+        out["lm_head.weight"] = whole("output_layer.weight", ROW_SPLIT)
+    for i in range(hf.num_hidden_layers):
+        src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
+        for mname, (hname, split) in _LAYER.items():
+            out[dst + hname] = whole(src + mname, split)
+        for kind in ("weight", "bias"):
+            q, k, v = _split_qkv(whole(f"{src}self_attention.linear_qkv.{kind}", ROW_SPLIT), hf)
+            out.update({f"{dst}self_attn.{p}_proj.{kind}": t for p, t in zip("qkv", (q, k, v), strict=True)})
+        halves = [s[src + "mlp.linear_fc1.weight"].chunk(2) for s in tp_shards]
+        out[dst + "mlp.gate_proj.weight"] = torch.cat([gate for gate, _ in halves])
+        out[dst + "mlp.up_proj.weight"] = torch.cat([up for _, up in halves])
+    return out
+
+
+def _fuse_qkv(q: Tensor, k: Tensor, v: Tensor, hf: Any) -> Tensor:
+    groups, d = hf.num_key_value_heads, head_dim(hf)
+    rest = q.shape[1:]    # (hidden,) for weights, () for biases
+    per_group = [q.reshape(groups, -1, d, *rest), k.reshape(groups, 1, d, *rest), v.reshape(groups, 1, d, *rest)]
+    return torch.cat(per_group, dim=1).reshape(-1, *rest)
+
+
+def _split_qkv(qkv: Tensor, hf: Any) -> tuple[Tensor, Tensor, Tensor]:
+    groups, d = hf.num_key_value_heads, head_dim(hf)
+    heads_per_group = hf.num_attention_heads // groups
+    rest = qkv.shape[1:]
+    grouped = qkv.reshape(groups, heads_per_group + 2, d, *rest)
+    q, k, v = grouped.split([heads_per_group, 1, 1], dim=1)
+    return q.reshape(-1, *rest).contiguous(), k.reshape(-1, *rest).contiguous(), v.reshape(-1, *rest).contiguous()

@@ -94,6 +94,24 @@ def _add_train_parser(sub) -> None:
     t.set_defaults(func=train_cli.run)
 
 
+def _add_pool_parser(sub) -> None:
+    from .rollout import cli as pool_cli
+
+    p = sub.add_parser("pool", help="the rollout pool role (one worker per CPU node)", description=pool_cli.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    pool_cli.add_arguments(p)
+    p.set_defaults(func=pool_cli.run)
+
+
+def _add_serve_parser(sub) -> None:
+    from . import serve_cli
+
+    s = sub.add_parser("serve", help="the inference role: one model server per task (SGLang or the CPU stand-in)",
+                       description=serve_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve_cli.add_arguments(s)
+    s.set_defaults(func=serve_cli.run)
+
+
 def _add_tasks_parser(sub) -> None:
     t = sub.add_parser("tasks", help="check a task set before training on it")
     t_sub = t.add_subparsers(dest="tasks_command", required=True)
@@ -143,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tasks_parser(sub)
     _add_adapter_parser(sub)
     _add_train_parser(sub)
+    _add_pool_parser(sub)
+    _add_serve_parser(sub)
     return p
 
 

@@ -68,7 +68,7 @@ def _open(path: str) -> RunLayout | None:
 
 def status(args: argparse.Namespace) -> int:
     from hpc.launch.state import read_driver_records, read_end, read_launch_record, read_task_records
-    from hpc.registry import Registry
+    from hpc.registry import Registry, task_role
 
     layout = _open(args.run)
     if layout is None:
@@ -91,7 +91,7 @@ def status(args: argparse.Namespace) -> int:
     alive = {(s.role, s.index) for s in Registry(layout.services_dir).alive(ttl_s=args.ttl)}
     print(f"{'task':<16} {'state':<8} {'up':<4} {'restarts':>8} {'exit':>5} {'node':<10}")
     for t in read_task_records(layout):
-        up = "yes" if t.state == "running" and (t.role, t.index) in alive else "no"
+        up = "yes" if t.state == "running" and (task_role(t.role), t.index) in alive else "no"
         code = "" if t.exit_code is None else str(t.exit_code)
         print(f"{t.role + '-' + str(t.index):<16} {t.state:<8} {up:<4} {t.restarts:>8} {code:>5} {t.node:<10}")
     return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
@@ -59,17 +60,22 @@ _current: Writer | None = None
 
 
 class RoleEnv(BaseModel):
-    """What the launcher tells a role's task (hpc.launch.task): its run directory, role and index."""
+    """What the launcher tells a role's task (hpc.launch.task): its run directory, role, index and GPUs."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    run_dir: str | None = None
+    run_dir: Path | None = None
     role: str | None = None
     task_index: int = 0
+    visible_gpus: tuple[str, ...] | None = None    # None: CUDA_VISIBLE_DEVICES is unset, so all of the node's
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> RoleEnv:
         env = os.environ if environ is None else environ
         index = env.get("AGENTRL_TASK_INDEX", "0")
-        return cls(run_dir=env.get("AGENTRL_RUN_DIR") or None, role=env.get("AGENTRL_ROLE") or None,
-                   task_index=int(index) if index.isdigit() else 0)
+        if not index.isdecimal():
+            raise ValueError(f"AGENTRL_TASK_INDEX={index!r} is not a task index")
+        gpus = env.get("CUDA_VISIBLE_DEVICES")
+        return cls(run_dir=Path(env["AGENTRL_RUN_DIR"]) if env.get("AGENTRL_RUN_DIR") else None,
+                   role=env.get("AGENTRL_ROLE") or None, task_index=int(index),
+                   visible_gpus=None if gpus is None else tuple(g for g in gpus.split(",") if g.strip()))

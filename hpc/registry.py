@@ -19,6 +19,12 @@ from .records import Record, parse_record, write_record
 _ROLE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 
+def task_role(role: str) -> str:
+    """The name a launched task's wrapper registers under: `task_<role>`, beside (never over) what
+    the task's own service registers as `<role>` (an inference server with its port and weights)."""
+    return f"task_{role}"
+
+
 class ServiceRecord(Record):
     kind: Literal["service"] = "service"
     role: str

@@ -1,7 +1,7 @@
 """One task of a role: `python -m hpc.launch.task --run RUN --role NAME [--index I] -- COMMAND...`.
 
 Every executor runs each role task through this wrapper, so that every role,
-whatever its command, is registered in services/, heartbeats, has a record of
+whatever its command, is registered in services/ (as task_<role>), heartbeats, has a record of
 its exit in RUN/launch/tasks/, and takes its process tree with it when it
 goes. The command runs in its own process group; signals sent to the wrapper
 (SIGTERM from scancel or the driver, SIGINT, SIGHUP) are forwarded to that
@@ -22,7 +22,7 @@ import time
 
 from ..environment import SlurmEnv
 from ..procs import kill_group
-from ..registry import Registry
+from ..registry import Registry, task_role
 from ..runlayout import RunLayout
 from .state import TaskRecord, write_task_record
 
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(restart {args.restarts}): {shown} run {layout.root}", file=sys.stderr, flush=True)
 
     registry = Registry(layout.services_dir)
-    service = registry.register(args.role, index, host=socket.gethostname())
+    service = registry.register(task_role(args.role), index, host=socket.gethostname())
     record = TaskRecord(role=args.role, index=index, state="running", restarts=args.restarts,
                         started=time.time(), command=command, node=slurm.node or socket.gethostname())
     write_task_record(layout, record)

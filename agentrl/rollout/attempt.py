@@ -1,0 +1,169 @@
+"""One attempt: a task's sandbox, the harness's agent talking to the adapter, the patch, the grade, samples.
+
+Failures split in two. An infrastructure failure (the sandbox did not boot, the model server was
+down, the grader crashed) raises `InfraError`: the pool fails the claim and the ledger retries the
+attempt within its bound; it is never trained as reward 0. An agent failure (an empty patch, failing
+tests, a crashed agent) is a real outcome: its samples carry the real reward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hpc.buffer import Sample
+from hpc.images.cache import ImageCache
+from hpc.sandbox.base import SandboxError
+
+from ..adapter.service import Adapter
+from ..harness import get_harness
+from ..harness.base import HarnessRun
+from ..harness.empty_patch import classify_empty_patch, decide
+from ..harness.prompts import PROBLEM_FILE
+from ..swe import episode
+from ..swe.check import LoadedTask, materialize
+from ..swe.sandboxes import task_sandbox
+from .config import PoolConfig
+
+TOOLS_IN_SANDBOX = "/opt/agentrl/tools"
+ADAPTER_PORT = 8000
+
+
+class InfraError(Exception):
+    """Not the agent's doing: the attempt is retried, never trained."""
+
+
+@dataclass
+class PoolContext:
+    """What every attempt of one pool worker shares."""
+    cfg: PoolConfig
+    adapter: Adapter
+    adapter_socket: str
+    tools_dir: Path
+    boot: asyncio.Semaphore
+    agents: asyncio.Semaphore
+    sampling: dict[str, Any]
+    cache: ImageCache | None = None
+
+
+@dataclass
+class AttemptOutcome:
+    samples: list[Sample]
+    reward: float
+    metadata: dict[str, Any]
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def buffer_samples(result: Mapping[str, Any], *, reward: float, group: int, attempt: int,
+                   metadata: Mapping[str, Any]) -> list[Sample]:
+    """The adapter's finished session as buffer samples, each with the attempt's reward and metadata."""
+    out = []
+    for s in result["samples"]:
+        versions = s.get("weight_versions")
+        out.append(Sample(tokens=np.asarray(s["tokens"], np.int32), response_length=s["response_length"],
+                          loss_mask=np.asarray(s["loss_mask"], np.uint8),
+                          rollout_log_probs=np.asarray(s["rollout_log_probs"], np.float32), reward=reward,
+                          status="completed", group_index=group, attempt=attempt,
+                          metadata={**metadata, "turns": s["turns"], "trained_tokens": s["trained_tokens"],
+                                    "weight_version": versions[1] if versions else None,
+                                    "truncated": s["truncated"], "ill_formed_turns": s["ill_formed_turns"]}))
+    return out
+
+
+async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt: int) -> AttemptOutcome:
+    cfg, spec = ctx.cfg, task.spec
+    harness = get_harness(cfg.harness)
+    if spec.timeouts and cfg.agent_timeout_s:
+        spec = spec.model_copy(update={"timeouts": spec.timeouts.model_copy(update={"agent_s": cfg.agent_timeout_s})})
+    # The problem statement file is ours, not the agent's work: never part of the patch.
+    spec = spec.model_copy(update={"files_to_exclude_from_patch": [*spec.files_to_exclude_from_patch, PROBLEM_FILE]})
+    timings: dict[str, float] = {}
+    work = Path(tempfile.mkdtemp(prefix="attempt-", dir=cfg.scratch_dir))
+    key = None
+    try:
+        async with AsyncExitStack() as stack:
+            t0 = time.monotonic()
+            async with ctx.boot:
+                repo = materialize(task.testbed, work / "repo") if task.testbed else None
+                try:
+                    sb = task_sandbox(spec, runtime=cfg.runtime, cache=ctx.cache, workdir_source=repo,
+                                      scratch_dir=str(cfg.scratch_dir) if cfg.scratch_dir else None,
+                                      adapter_socket=ctx.adapter_socket,
+                                      ro_binds={str(ctx.tools_dir): TOOLS_IN_SANDBOX},
+                                      allow_unsafe_local=cfg.allow_unsafe_local)
+                    await stack.enter_async_context(sb)
+                    await episode.baseline(sb, spec)
+                except SandboxError as e:
+                    raise InfraError(f"sandbox: {e}") from None
+            timings["boot_s"] = time.monotonic() - t0
+
+            session = ctx.adapter.sessions.open(sampling=ctx.sampling,
+                                                metadata={"group": group, "attempt": attempt, "task": spec.instance_id})
+            key = session.key
+            command = harness.command(HarnessRun(
+                task_text=spec.prompt, prompt_style=cfg.prompt_style, workdir=spec.workdir,
+                base_url=f"http://127.0.0.1:{ADAPTER_PORT}", api_key=key, model=cfg.model_name,
+                max_new_tokens=cfg.max_new_tokens, max_context=cfg.max_context, compact_at=cfg.compact_at,
+                tools_dir=TOOLS_IN_SANDBOX, extra_args=tuple(cfg.extra_args), extra_env=dict(cfg.extra_env)))
+            t1 = time.monotonic()
+            async with ctx.agents:
+                for path, data in command.files.items():
+                    await sb.write_file(path, data, user="agent")
+                run = await episode.run_agent(sb, spec, command.argv, env=command.env)
+            timings["agent_s"] = time.monotonic() - t1
+            trajectory = harness.read_trajectory(run.stdout, run.stderr)
+
+            t2 = time.monotonic()
+            async with ctx.boot:
+                try:
+                    diff = await episode.patch(sb, spec)
+                    grade = await _grade(ctx, task, spec, sb, diff, work)
+                except SandboxError as e:
+                    raise InfraError(f"grading: {e}") from None
+            timings["grade_s"] = time.monotonic() - t2
+
+        result = ctx.adapter.sessions.finish(key)
+        key = None
+        stats = result["stats"]
+        if run.exit_code != 0 and (stats.get("upstream_errors") or stats.get("upstream_aborts")):
+            raise InfraError(f"the agent exited {run.exit_code} after {stats.get('upstream_errors', 0)} model-server "
+                             f"errors: the model server, not the agent, failed")
+        empty = classify_empty_patch(run.exit_code, not diff.strip(), trajectory)
+        if decide(cfg.empty_patch_policy, empty) == "retry":
+            raise InfraError(f"empty patch ({empty.value}) and empty_patch_policy=abort")
+        metadata = {"harness": cfg.harness, "task": spec.instance_id, "exit_code": run.exit_code,
+                    "agent_timed_out": run.timed_out, "empty_patch": empty.value, "patch_bytes": len(diff),
+                    "drift": stats["drift"], "branches": stats["branches"], "turns": stats["turns"],
+                    "tool_calls": trajectory.tool_calls, **{k: round(v, 3) for k, v in timings.items()}}
+        samples = buffer_samples(result, reward=grade.reward, group=group, attempt=attempt, metadata=metadata)
+        return AttemptOutcome(samples, grade.reward, metadata, timings)
+    finally:
+        if key is not None:
+            ctx.adapter.sessions.drop(key)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+async def _grade(ctx: PoolContext, task: LoadedTask, spec, sb, diff: bytes, work: Path) -> episode.Grade:
+    if ctx.cfg.grading == "same":
+        return await episode.grade(sb, spec, task.tests, env=task.verifier_env)
+    # Isolated: a fresh sandbox of the task, the patch applied, then the verifier; the agent's sandbox
+    # (where a root-capable agent could have tampered with the grader) is not trusted.
+    repo = materialize(task.testbed, work / f"fresh-{secrets.token_hex(3)}") if task.testbed else None
+    fresh = task_sandbox(spec, runtime=ctx.cfg.runtime, cache=ctx.cache, workdir_source=repo,
+                         scratch_dir=str(ctx.cfg.scratch_dir) if ctx.cfg.scratch_dir else None,
+                         allow_unsafe_local=ctx.cfg.allow_unsafe_local)
+    async with fresh:
+        await episode.baseline(fresh, spec)
+        await episode.apply_patch(fresh, spec, diff)
+        return await episode.grade(fresh, spec, task.tests, env=task.verifier_env)
+

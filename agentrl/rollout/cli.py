@@ -1,0 +1,65 @@
+"""`agentrl pool [RUN_DIR] [--config CONFIG]`: the rollout pool role, one worker per CPU node.
+
+As a role of `agentrl launch` the run directory comes from AGENTRL_RUN_DIR, the config from the
+run's run.yaml (its `pool:` and `train:` sections: the pool draws prompts as the trainer does),
+and the worker's index from AGENTRL_TASK_INDEX. SIGTERM stops claiming and lets running attempts
+finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import yaml
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", type=Path, nargs="?", help="the run directory (default: $AGENTRL_RUN_DIR)")
+    p.add_argument("--config", type=Path, help="YAML with pool: and train: sections (default: the run's run.yaml)")
+    p.add_argument("--max-attempts", type=int, help="stop after this many attempts (tests, smoke runs)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from hpc.environment import RoleEnv
+    from hpc.records import RecordError
+    from hpc.runlayout import RunDirError, RunLayout
+
+    from ..train.cli import train_section
+    from ..train.config import TrainConfigError
+    from .config import PoolConfigError, load_pool_config
+    from .worker import PoolWorker
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    role = RoleEnv.from_environ()
+    run_dir = args.run_dir or (Path(role.run_dir) if role.run_dir else None)
+    if run_dir is None:
+        print("agentrl pool: give RUN_DIR (or run it as a role of `agentrl launch`, which sets AGENTRL_RUN_DIR)",
+              file=sys.stderr)
+        return 2
+    try:
+        layout = RunLayout.open(run_dir)
+        if args.config:
+            raw, base, source = yaml.safe_load(args.config.read_text()), args.config.parent, str(args.config)
+        else:
+            raw, base, source = layout.manifest().config, run_dir, str(run_dir / "run.yaml")
+        train = train_section(raw, base, source)
+        pool = load_pool_config((raw or {}).get("pool"), source=f"{source}: pool")
+    except (TrainConfigError, PoolConfigError, RunDirError, RecordError, OSError, yaml.YAMLError) as e:
+        print(f"agentrl pool: {e}", file=sys.stderr)
+        return 2
+    worker = PoolWorker(layout, pool, train, index=role.task_index)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        counts = await worker.serve(stop, max_attempts=args.max_attempts)
+        print("agentrl pool: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), flush=True)
+    asyncio.run(main())
+    return 0

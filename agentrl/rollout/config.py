@@ -1,0 +1,53 @@
+"""The pool role's configuration (the `pool:` section of a run config), validated in one place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from hpc.validation import problems
+
+
+class PoolConfigError(ValueError):
+    pass
+
+
+class PoolConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    harness: str = "builtin"                      # claude_code | qwen_code | codebuddy | builtin
+    prompt_style: Literal["instruction", "dataset"] = "instruction"
+    runtime: Literal["bwrap", "apptainer", "local"] = "bwrap"
+    allow_unsafe_local: bool = False
+    image_cache: Path | None = None               # where `agentrl images build` put the task images
+    scratch_dir: Path | None = None               # node-local disk for sandbox layers
+    tools_dir: Path | None = None                 # host tools dir (harness installs); default RUN/tools
+    max_agents: int = Field(default=4, gt=0)      # agents running at once
+    max_booting: int = Field(default=2, gt=0)     # sandboxes booting and grading at once
+    lease_s: float = Field(default=120.0, gt=5)
+    poll_s: float = Field(default=1.0, gt=0)
+    # the model, as the adapter serves it to the agents
+    temperature: float | None = Field(default=None, gt=0)   # default: train.rollout_temperature
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    max_context: int = Field(default=32768, gt=0)
+    max_new_tokens: int = Field(default=4096, gt=0)
+    tool_parser: str | None = "qwen3_coder"
+    reasoning_parser: str | None = "qwen3"
+    model_name: str = "agentrl"
+    compact_at: float = Field(default=0.6, gt=0, le=1)
+    # the attempt
+    agent_timeout_s: float | None = Field(default=None, gt=0)   # default: the task's own
+    grading: Literal["same", "isolated"] = "same"
+    empty_patch_policy: Literal["off", "metrics", "abort"] = "metrics"
+    extra_args: list[str] = Field(default_factory=list)
+    extra_env: dict[str, str] = Field(default_factory=dict)
+
+
+def load_pool_config(data: Any, source: str = "pool") -> PoolConfig:
+    try:
+        return PoolConfig.model_validate(data or {})
+    except ValidationError as e:
+        raise PoolConfigError("\n".join(f"{source}.{field}: {msg}" if field else f"{source}: {msg}"
+                                        for field, msg in problems(e))) from None

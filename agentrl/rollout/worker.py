@@ -1,0 +1,164 @@
+"""The pool worker role: claim attempts, run them in sandboxes against a local adapter, commit their samples.
+
+One worker per CPU node. It serves one adapter (a Unix socket that every sandbox gets) and runs
+attempts concurrently: at most `max_booting` sandboxes booting or grading and `max_agents` agents
+at once. Each attempt's lease is renewed while it runs; a lost lease cancels the attempt (another
+worker has it). One bad attempt never stops the worker: an infrastructure failure fails the claim
+(the ledger retries it within max_tries), anything unexpected is logged and failed the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpc.buffer import write_shard
+from hpc.images.cache import ImageCache
+from hpc.ledger import Claim, Ledger, StaleGeneration
+from hpc.registry import Registry
+from hpc.runlayout import RunLayout
+
+from ..adapter.serve import AdapterServer
+from ..adapter.service import Adapter, AdapterConfig
+from ..harness import get_harness
+from ..swe.check import LoadedTask, load_record
+from ..train.config import TrainConfig
+from .attempt import InfraError, PoolContext, run_attempt
+from .config import PoolConfig
+from .source import PromptSource, load_prompt_rows
+
+log = logging.getLogger("agentrl.pool")
+
+
+@dataclass
+class PoolWorker:
+    run: RunLayout
+    cfg: PoolConfig
+    train: TrainConfig
+    worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    index: int = 0
+    counts: Counter = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        self.ledger = Ledger(self.run.ledger_dir)
+        rows = load_prompt_rows(self.train.prompt_data)
+        # The trainer's source: group index g is the same prompt here as there.
+        self.source = PromptSource(rows, rollout_batch_size=self.train.rollout_batch_size, shuffle=self.train.shuffle,
+                                   seed=self.train.seed)
+        self._tasks: dict[int, LoadedTask] = {}
+        self.tools_dir = self.cfg.tools_dir or self.run.root / "tools"
+
+    def task_for(self, group: int) -> LoadedTask:
+        row = self.source.row_index(group)
+        if row not in self._tasks:
+            self._tasks[row] = load_record(self.source.rows[row])
+        return self._tasks[row]
+
+    def adapter(self) -> Adapter:
+        cfg = self.cfg
+        return Adapter(AdapterConfig(tokenizer=self.train.model, upstreams=[f"registry:{self.run.root}"],
+                                     tool_parser=cfg.tool_parser, reasoning_parser=cfg.reasoning_parser,
+                                     max_context=cfg.max_context, max_new_tokens=cfg.max_new_tokens,
+                                     model_name=cfg.model_name))
+
+    async def serve(self, stop: asyncio.Event, *, max_attempts: int | None = None) -> Counter:
+        """Run until `stop` is set (or after `max_attempts`); the counts of what happened."""
+        cfg = self.cfg
+        harness = get_harness(cfg.harness)
+        await asyncio.to_thread(harness.install, self.tools_dir)
+        sock_dir = Path(cfg.scratch_dir or "/tmp") / f"agentrl-pool-{self.worker_id}"
+        sock_dir.mkdir(parents=True, exist_ok=True)
+        sock_dir.chmod(0o755)   # the agent (uid 1000) reaches the socket through it
+        socket_path = str(sock_dir / "adapter.sock")
+        server = AdapterServer(self.adapter(), uds=socket_path)
+        serving = asyncio.ensure_future(server.serve())
+        registry = Registry(self.run.services_dir)
+        record = registry.register("pool", self.index, host=socket.gethostname(), socket=socket_path)
+        temperature = cfg.temperature or self.train.rollout_temperature
+        ctx = PoolContext(cfg, server.adapter, socket_path, self.tools_dir, asyncio.Semaphore(cfg.max_booting),
+                          asyncio.Semaphore(cfg.max_agents),
+                          {"temperature": temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens},
+                          ImageCache(cfg.image_cache) if cfg.image_cache else None)
+        slots = asyncio.Semaphore(cfg.max_agents + cfg.max_booting)
+        running: set[asyncio.Task] = set()
+        started = 0
+        try:
+            while not stop.is_set() and (max_attempts is None or started < max_attempts):
+                await slots.acquire()
+                claim = await asyncio.to_thread(self.ledger.claim, self.worker_id, cfg.lease_s)
+                if claim is None:
+                    slots.release()
+                    record = await asyncio.to_thread(registry.heartbeat, record)
+                    try:
+                        await asyncio.wait_for(stop.wait(), cfg.poll_s)
+                    except asyncio.TimeoutError:
+                        pass
+                    continue
+                started += 1
+                task = asyncio.create_task(self._attempt(ctx, claim))
+                running.add(task)
+                task.add_done_callback(lambda t: (running.discard(t), slots.release()))
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
+        finally:
+            for t in running:
+                t.cancel()
+            server.request_stop()
+            await serving
+            registry.deregister(record)
+        return self.counts
+
+    async def _attempt(self, ctx: PoolContext, claim: Claim) -> None:
+        where = f"rollout {claim.rollout_id} group {claim.group} attempt {claim.attempt} try {claim.try_index}"
+        work = asyncio.create_task(run_attempt(ctx, self.task_for(claim.group), group=claim.group,
+                                               attempt=claim.attempt))
+        beat = asyncio.create_task(self._heartbeat(claim, work))
+        try:
+            outcome = await work
+        except asyncio.CancelledError:
+            self.counts["lease_lost"] += 1
+            log.warning("%s: lease lost, dropped", where)
+            return
+        except InfraError as e:
+            self.counts["infra_failures"] += 1
+            log.warning("%s: infrastructure failure, to be retried: %s", where, e)
+            await self._fail(claim, f"infra: {e}")
+            return
+        except Exception as e:   # noqa: BLE001 - one bad attempt must not stop the worker
+            self.counts["errors"] += 1
+            log.error("%s: unexpected error, to be retried:\n%s", where, traceback.format_exc())
+            await self._fail(claim, f"error: {e!r}")
+            return
+        finally:
+            beat.cancel()
+        try:
+            ref = await asyncio.to_thread(write_shard, self.run.buffer_dir, claim, outcome.samples)
+            committed = await asyncio.to_thread(self.ledger.commit, claim, ref)
+        except StaleGeneration as e:
+            committed = False
+            log.warning("%s: not committed: %s", where, e)
+        self.counts["committed" if committed else "stale"] += 1
+        self.counts["samples"] += len(outcome.samples)
+        log.info("%s: reward %g, %d samples, %s", where, outcome.reward, len(outcome.samples),
+                 ", ".join(f"{k} {v:.1f}s" for k, v in outcome.timings.items()))
+
+    async def _heartbeat(self, claim: Claim, work: asyncio.Task) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.lease_s / 3)
+            try:
+                await asyncio.to_thread(self.ledger.heartbeat, claim)
+            except StaleGeneration:      # LeaseLost included: someone else owns the attempt now
+                work.cancel()
+                return
+
+    async def _fail(self, claim: Claim, reason: str) -> None:
+        try:
+            await asyncio.to_thread(self.ledger.fail, claim, reason[:2000])
+        except StaleGeneration:
+            pass

@@ -1,0 +1,304 @@
+"""SGLang as a process: its launch command (pure), the wait until it is healthy, and a shell that runs it.
+
+`launch_command(SGLangConfig(...))` is the command line; `ServerProcess` starts it in its own process
+group with its output in a log file, waits until it answers, registers it in RUN/services, renews the
+heartbeat with the weight version the server reports, and stops the whole group.
+
+Verified against SGLang 0.5.12 (the version of containers/sglang.def), read in its wheel
+(`pip download sglang==0.5.12 --no-deps`):
+- sglang/srt/server_args.py `add_cli_args`: `--model-path` (alias `--model`), `--tensor-parallel-size`
+  / `--tp-size`, `--data-parallel-size` / `--dp-size`, `--mem-fraction-static`, `--host` (default
+  127.0.0.1), `--port` (30000), `--context-length`, `--tool-call-parser` and `--reasoning-parser`
+  (choices: "auto" plus the names below), `--weight-version` (default "default"),
+  `--skip-server-warmup` and `--enable-memory-saver` (store_true; the latter is what
+  /release_memory_occupation needs). argparse keeps the last value of a repeated flag, so
+  `extra_args`, appended last, win.
+- Parser names: `FunctionCallParser.ToolCallParserEnum` (sglang/srt/function_call/
+  function_call_parser.py) and `ReasoningParser.DetectorMap` (sglang/srt/parser/reasoning_parser.py);
+  docs.sglang.io advanced_features/tool_parser and separate_reasoning list the same names.
+- sglang/srt/entrypoints/http_server.py: GET /health answers 503 until the server has warmed up, then
+  200; GET /model_info holds weight_version (/get_model_info still answers but logs a deprecation
+  warning on every call, and /weight_version answers 404), so the heartbeat reads /model_info.
+- sglang/launch_server.py: `python -m sglang.launch_server` still runs the server (with a warning
+  that recommends `sglang serve`); the module form is what works through any interpreter.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..procs import kill_group
+from ..registry import Registry, ServiceRecord
+from .cpu_server import registry_weight_version
+
+SGLANG_VERSION = "0.5.12"
+TOOL_CALL_PARSERS = frozenset({
+    "auto", "deepseekv3", "deepseekv31", "deepseekv32", "deepseekv4", "glm", "glm45", "glm47", "gpt-oss",
+    "kimi_k2", "lfm2", "llama3", "mimo", "mistral", "poolside_v1", "pythonic", "qwen", "qwen25", "qwen3_coder",
+    "step3", "step3p5", "minimax-m2", "trinity", "interns1", "hermes", "hunyuan", "gigachat3", "gemma4",
+})
+REASONING_PARSERS = frozenset({
+    "auto", "deepseek-r1", "deepseek-v3", "deepseek-v4", "glm45", "hunyuan", "gpt-oss", "kimi", "kimi_k2", "mimo",
+    "poolside_v1", "qwen3", "qwen3-thinking", "minimax", "minimax-append-think", "step3", "step3p5", "mistral",
+    "nemotron_3", "interns1", "gemma4",
+})
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+_PR_SET_PDEATHSIG = 1
+
+
+class SGLangConfig(BaseModel):
+    """How to launch one SGLang server; field names follow SGLang's flags."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+    model_path: Path
+    tp: int = Field(default=1, ge=1)
+    dp: int = Field(default=1, ge=1)
+    mem_fraction_static: float = Field(default=0.85, gt=0, le=1)
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    context_length: int | None = Field(default=None, ge=1)
+    host: str = "0.0.0.0"
+    port: int = Field(default=30000, ge=1, le=65535)
+    weight_version: str | None = None
+    skip_server_warmup: bool = False
+    enable_memory_saver: bool = False       # colocated training: /release_memory_occupation needs it
+    python: str = "python3"                  # the interpreter of SGLang's environment (inside `container`, if any)
+    container: Path | None = None            # an Apptainer image holding SGLang: `apptainer exec --nv IMAGE python`
+    binds: list[str] = []                    # `apptainer exec --bind` specs: the model and run directories
+    extra_args: list[str] = []               # any other SGLang flags; last, so they override the ones above
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _known_tool_call_parser(cls, name: str | None) -> str | None:
+        return _known(name, TOOL_CALL_PARSERS)
+
+    @field_validator("reasoning_parser")
+    @classmethod
+    def _known_reasoning_parser(cls, name: str | None) -> str | None:
+        return _known(name, REASONING_PARSERS)
+
+
+def _known(name: str | None, names: frozenset[str]) -> str | None:
+    if name is not None and name not in names:
+        raise ValueError(f"{name!r} is not one of SGLang {SGLANG_VERSION}'s parsers: {', '.join(sorted(names))} "
+                         "(a newer SGLang's name goes in extra_args)")
+    return name
+
+
+def launch_command(cfg: SGLangConfig) -> list[str]:
+    """The command line that starts the server `cfg` describes."""
+    prefix = [cfg.python]
+    if cfg.container is not None:
+        binds = ["--bind", ",".join(cfg.binds)] if cfg.binds else []
+        prefix = ["apptainer", "exec", "--nv", *binds, str(cfg.container), cfg.python]
+    args = ["-m", "sglang.launch_server", "--model-path", str(cfg.model_path),
+            "--tp-size", str(cfg.tp), "--dp-size", str(cfg.dp),
+            "--mem-fraction-static", str(cfg.mem_fraction_static),
+            "--host", cfg.host, "--port", str(cfg.port)]
+    optional = {"--tool-call-parser": cfg.tool_call_parser, "--reasoning-parser": cfg.reasoning_parser,
+                "--context-length": cfg.context_length, "--weight-version": cfg.weight_version}
+    for flag, value in optional.items():
+        if value is not None:
+            args += [flag, str(value)]
+    switches = {"--skip-server-warmup": cfg.skip_server_warmup, "--enable-memory-saver": cfg.enable_memory_saver}
+    args += [flag for flag, on in switches.items() if on]
+    return [*prefix, *args, *cfg.extra_args]
+
+
+def probe_host(host: str) -> str:
+    """Where this node reaches a server that listens on `host`."""
+    return "127.0.0.1" if host in WILDCARD_HOSTS else host
+
+
+def advertised_host(host: str) -> str:
+    """Where other nodes reach it: the registry's host."""
+    return socket.gethostname() if host in WILDCARD_HOSTS else host
+
+
+# -- waiting for a server ---------------------------------------------------------------------------------------
+
+class ServerError(RuntimeError):
+    """The server exited, or did not become healthy in time; the message ends with its log's tail."""
+
+
+def log_tail(path: Path | None, max_bytes: int = 4000) -> str:
+    if path is None:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - max_bytes))
+            return f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _with_log(message: str, log_path: Path | None) -> str:
+    tail = log_tail(log_path).rstrip()
+    return f"{message}; the end of {log_path}:\n{tail}" if tail else message
+
+
+def model_info(client: httpx.Client) -> dict[str, Any] | None:
+    """GET /model_info (older SGLang knows only /get_model_info); None unless it answers 200."""
+    for path in ("/model_info", "/get_model_info"):
+        r = client.get(path)
+        if r.status_code == 200:
+            try:
+                return r.json()
+            except ValueError:
+                return None
+        if r.status_code != 404:
+            return None
+    return None
+
+
+def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = None, *, log_path: Path | None = None,
+                 poll_s: float = 0.25, cancelled: Callable[[], bool] = lambda: False) -> dict[str, Any] | None:
+    """Poll /health, then /model_info, until both answer 200: the model info, or None once `cancelled()`.
+
+    Raises ServerError, with the end of the log, as soon as `proc` exits or when timeout_s has passed.
+    """
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(base_url=url, timeout=5.0) as client:
+        while not cancelled():
+            if proc is not None and proc.poll() is not None:
+                raise ServerError(_with_log(f"the server at {url} exited with {proc.returncode} before it was "
+                                            "healthy", log_path))
+            try:
+                if client.get("/health").status_code == 200 and (info := model_info(client)) is not None:
+                    return info
+            except httpx.HTTPError:
+                pass    # not listening yet
+            if time.monotonic() > deadline:
+                raise ServerError(_with_log(f"the server at {url} was not healthy after {timeout_s:.0f} s", log_path))
+            time.sleep(poll_s)
+    return None
+
+
+# -- the process ------------------------------------------------------------------------------------------------
+
+class ServerProcess:
+    """A model server in its own process group: started, registered once healthy, heartbeat, stopped whole.
+
+        with ServerProcess(command, port=p, log_path=..., registry=reg, index=i) as server:
+            server.start()       # returns once healthy and registered (False if request_stop() came first)
+            server.serve()       # heartbeats until request_stop() (returns) or the server exits (ServerError)
+
+    `request_stop()` only sets a flag, so a signal handler may call it.
+    """
+
+    def __init__(self, command: Sequence[str], *, port: int, log_path: Path, host: str = "0.0.0.0",
+                 registry: Registry | None = None, role: str = "inference", index: int = 0,
+                 env: Mapping[str, str] | None = None, heartbeat_s: float = 5.0, health_timeout_s: float = 1800.0,
+                 grace_s: float = 30.0, poll_s: float = 0.25):
+        self.command, self.port, self.host, self.log_path = list(command), port, host, Path(log_path)
+        self.url = f"http://{probe_host(host)}:{port}"
+        self.registry, self.role, self.index = registry, role, index
+        self.env = dict(os.environ if env is None else env)
+        self.heartbeat_s, self.health_timeout_s = heartbeat_s, health_timeout_s
+        self.grace_s, self.poll_s = grace_s, poll_s
+        self.proc: subprocess.Popen | None = None
+        self.record: ServiceRecord | None = None
+        self.stop_requested = False
+        self._stopped = False
+
+    def request_stop(self) -> None:
+        self.stop_requested = True
+
+    def start(self) -> bool:
+        """Start the server and wait until it is healthy, then register it; False if asked to stop meanwhile."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(self.command)}\n".encode())
+            log.flush()
+            # Its own session and process group: stop() takes SGLang's scheduler and detokenizer processes too.
+            self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         env=self.env, start_new_session=True, preexec_fn=_die_with_parent)
+        info = wait_healthy(self.url, self.health_timeout_s, self.proc, log_path=self.log_path, poll_s=self.poll_s,
+                            cancelled=lambda: self.stop_requested)
+        if info is None:
+            return False
+        if self.registry is not None:
+            self.record = self.registry.register(self.role, self.index, host=advertised_host(self.host),
+                                                 port=self.port, weight_version=_version(info))
+        return True
+
+    def heartbeat(self, client: httpx.Client) -> bool:
+        """Renew the registry record with the version the server reports; False (no renewal) if it did not answer."""
+        try:
+            info = model_info(client)
+        except httpx.HTTPError:
+            info = None
+        if info is None:
+            return False   # a server that does not answer must not look alive
+        if self.registry is not None and self.record is not None:
+            self.record = self.registry.heartbeat(self.record, weight_version=_version(info))
+        return True
+
+    def serve(self) -> None:
+        """Heartbeat until request_stop(); raises ServerError if the server exits first."""
+        if self.proc is None:
+            raise RuntimeError("serve() before start()")
+        beat = time.monotonic()
+        with httpx.Client(base_url=self.url, timeout=10.0) as client:
+            while not self.stop_requested:
+                if self.proc.poll() is not None:
+                    raise ServerError(_with_log(f"the server at {self.url} exited with {self.proc.returncode}",
+                                                self.log_path))
+                if time.monotonic() - beat >= self.heartbeat_s:
+                    self.heartbeat(client)
+                    beat = time.monotonic()
+                time.sleep(self.poll_s)
+
+    def stop(self) -> None:
+        """Deregister (no new requests), then SIGTERM the group, wait grace_s, SIGKILL what is left."""
+        if self.registry is not None and self.record is not None:
+            self.registry.deregister(self.record)
+            self.record = None
+        if self.proc is None or self._stopped:
+            return     # once reaped, the group's id may belong to someone else: signal it once only
+        self._stopped = True
+        deadline = time.monotonic() + self.grace_s
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(self.grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        # The rest of the group (what the leader started) gets what is left of the grace; the leader is reaped
+        # first, since an unreaped leader would keep the group alive in kill_group's eyes.
+        kill_group(self.proc.pid, grace_s=max(0.0, deadline - time.monotonic()))
+        self.proc.wait()
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _die_with_parent() -> None:
+    # In its own session the server misses the signals meant for this process: should this process be
+    # SIGKILLed (Slurm's KillWait), its leader goes too rather than hold the GPUs (Linux only).
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _version(info: dict[str, Any]) -> int | None:
+    version = info.get("weight_version")
+    return None if version is None else registry_weight_version(str(version))

@@ -31,6 +31,18 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def fsync_tree(root: Path) -> None:
+    """fsync every file and directory under `root` (before a rename publishes the tree)."""
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
 def _write_temp(path: Path, data: bytes, fsync: bool, mtime: float | None,
                 temp_dir: Path | None = None) -> Path:
     tmp = temp_path(path, temp_dir)

@@ -6,11 +6,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+BENCH = str(ROOT / "benchmarks/train_bench.py")
 
 
 def test_train_benchmark_shows_lpt_never_behind_merging_the_two_smallest():
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/train_bench.py"), "--steps", "10", "--attempts", "8",
-                        "--json"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    r = subprocess.run([sys.executable, BENCH, "--parts", "a", "--steps", "10", "--attempts", "8", "--json"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     figures = json.loads(r.stdout.strip().splitlines()[-1])
     rows = figures["schedule"]["results"]
@@ -25,11 +26,40 @@ def test_train_benchmark_shows_lpt_never_behind_merging_the_two_smallest():
     # the comparison is not vacuous: long samples force merges, and there the naive merge loses
     assert any(row["lpt_worst"] < row["merge_two_smallest_worst"] for row in rows if row["merged_share"] > 0)
     assert "ratio: largest micro-batch" in r.stdout
+    assert "trainer_throughput" not in figures and "weight_publishing" not in figures
 
 
-@pytest.mark.parametrize(("args", "message"), [(["--parts", "a,b"], "unknown part 'b': only a"),
-                                               (["--steps", "0"], "at least 1")])
+def test_train_benchmark_prints_trainer_and_publish_figures_beside_their_baselines(tmp_path):
+    r = subprocess.run([sys.executable, BENCH, "--quick", "--dir", str(tmp_path), "--json"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    figures = json.loads(r.stdout.strip().splitlines()[-1])
+    assert figures["schedule"]["results"]
+
+    train = figures["trainer_throughput"]
+    assert train["steps"] >= 1 and train["micro_batches"] >= train["steps"]
+    assert 0 < train["tokens"] <= train["padded_tokens"]
+    figure, baseline = train["figure"]["tokens_per_s"], train["baseline"]["tokens_per_s"]
+    assert figure > 0 and baseline > 0
+    assert train["ratio"] == pytest.approx(figure / baseline) and train["target"] == 0.9
+
+    publish = figures["weight_publishing"]
+    assert publish["weight_bytes"] > 0
+    figure, baseline = publish["figure"], publish["baseline"]
+    for side, parts in ((figure, ("export_s", "reload_s", "first_token_s")), (baseline, ("write_s", "fsync_s",
+                                                                                           "read_s"))):
+        assert side["mb_per_s"] > 0 and side["seconds"] > 0
+        assert all(side[part] > 0 for part in parts)
+    assert publish["ratio"] == pytest.approx(figure["mb_per_s"] / baseline["mb_per_s"]) and publish["target"] == 0.7
+
+    assert "target >= 0.9" in r.stdout and "target >= 0.7" in r.stdout
+    # what (c) exported and wrote is gone; the models it built stay for the next run
+    assert not list(tmp_path.glob("publish-*")) and list(tmp_path.glob("qwen2-*/model.safetensors"))
+
+
+@pytest.mark.parametrize(("args", "message"), [(["--parts", "a,d"], "unknown part 'd': the parts are a, b, c"),
+                                               (["--steps", "0"], "at least 1"),
+                                               (["--rounds", "0"], "at least 1")])
 def test_train_benchmark_refuses_bad_arguments(args, message):
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/train_bench.py"), *args],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, BENCH, *args], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and message in r.stderr

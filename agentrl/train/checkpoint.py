@@ -20,7 +20,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import torch
 
-from hpc.fsio import fsync_dir
+from hpc.fsio import fsync_dir, fsync_tree
 from hpc.records import Record, read_record, write_record
 from hpc.runlayout import RunLayout
 
@@ -54,6 +54,7 @@ def save_checkpoint(run: RunLayout, policy: Saveable, state: TrainerState) -> Pa
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}, tmp / "rng.pt")
         (tmp / "hf").mkdir()
         policy.export_hf(tmp / "hf")
+        fsync_tree(tmp)      # on disk before the rename makes it a checkpoint
         write_record(tmp / "trainer.json", state)      # last: the directory is trusted with it only
         if final.exists():    # a crash after the rename, before `latest` moved: this one replaces it
             shutil.rmtree(final)

@@ -23,7 +23,7 @@ class PoolConfig(BaseModel):
     allow_unsafe_local: bool = False
     image_cache: Path | None = None               # where `agentrl images build` put the task images
     scratch_dir: Path | None = None               # node-local disk for sandbox layers
-    tools_dir: Path | None = None                 # host tools dir (harness installs); default RUN/tools
+    tools_dir: Path | None = None     # host tools dir (harness installs); default ~/.cache/agentrl/tools
     max_agents: int = Field(default=4, gt=0)      # agents running at once
     max_booting: int = Field(default=2, gt=0)     # sandboxes booting and grading at once
     lease_s: float = Field(default=120.0, gt=5)

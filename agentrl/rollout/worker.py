@@ -52,7 +52,8 @@ class PoolWorker:
         self.source = PromptSource(rows, rollout_batch_size=self.train.rollout_batch_size, shuffle=self.train.shuffle,
                                    seed=self.train.seed)
         self._tasks: dict[int, LoadedTask] = {}
-        self.tools_dir = self.cfg.tools_dir or self.run.root / "tools"
+        # Shared by runs: the CLIs are hundreds of MB. On a cluster, point it at the shared filesystem.
+        self.tools_dir = self.cfg.tools_dir or Path.home() / ".cache" / "agentrl" / "tools"
 
     def task_for(self, group: int) -> LoadedTask:
         row = self.source.row_index(group)

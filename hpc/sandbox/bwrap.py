@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from .base import (
     AGENT_GID,
@@ -81,6 +81,9 @@ def bwrap_argv(spec: SandboxSpec, *, workdir_host: str | None, etc_host: str | N
     elif rootfs_host:
         argv += ["--dir", spec.workdir]
     for host, inside in spec.ro_binds.items():
+        # Parents bwrap has to make would be 0700 (root's): the agent (uid 1000) could not pass them.
+        for parent in reversed(PurePosixPath(inside).parents[:-1]):
+            argv += ["--perms", "0755", "--dir", str(parent)]
         argv += ["--ro-bind", host, inside]
     if spec.adapter_socket:
         argv += ["--bind", spec.adapter_socket, SOCKET_IN_SANDBOX]

@@ -1,0 +1,24 @@
+"""Harnesses: how each agent CLI is installed, run against the adapter, and read back (docs/harnesses.md)."""
+
+from __future__ import annotations
+
+from .base import AgentCommand, Harness, HarnessInstallError, HarnessRun, Trajectory
+from .builtin import Builtin
+from .claude_code import ClaudeCode
+from .codebuddy import CodeBuddy
+from .empty_patch import EmptyPatchClass, EmptyPatchPolicy, classify_empty_patch, decide
+from .prompts import PROBLEM_FILE
+from .qwen_code import QwenCode
+
+HARNESSES: dict[str, Harness] = {h.name: h for h in (ClaudeCode(), QwenCode(), CodeBuddy(), Builtin())}
+
+
+def get_harness(name: str) -> Harness:
+    try:
+        return HARNESSES[name]
+    except KeyError:
+        raise ValueError(f"unknown harness {name!r}; known: {', '.join(sorted(HARNESSES))}") from None
+
+
+__all__ = ["HARNESSES", "PROBLEM_FILE", "AgentCommand", "EmptyPatchClass", "EmptyPatchPolicy", "Harness",
+           "HarnessInstallError", "HarnessRun", "Trajectory", "classify_empty_patch", "decide", "get_harness"]

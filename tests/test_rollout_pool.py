@@ -1,0 +1,89 @@
+"""The pool worker for real: ledger claims, bwrap sandboxes, the builtin agent, the adapter, grading, shards.
+
+The model's token choices come from a scripted /generate registered as the run's inference server: it
+fixes the bundled task with one bash call, then answers.
+"""
+
+import asyncio
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from scripted_upstream import ScriptedUpstream, logprob
+
+from agentrl.rollout.config import load_pool_config
+from agentrl.rollout.worker import PoolWorker
+from agentrl.train.config import load_train_config
+from hpc.buffer import read_rollout
+from hpc.ledger import Ledger
+from hpc.registry import Registry
+from hpc.runlayout import RunLayout
+
+pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (make sysdeps)")
+
+FIX = ("python3 -c \"import pathlib; p = pathlib.Path('roman/convert.py'); "
+       "p.write_text(p.read_text().replace('(10, \\\"X\\\"), (5, \\\"V\\\"), (1, \\\"I\\\"),', "
+       "'(10, \\\"X\\\"), (9, \\\"IX\\\"), (5, \\\"V\\\"), (4, \\\"IV\\\"), (1, \\\"I\\\"),'))\"")
+CALL = {"role": "assistant", "content": "", "reasoning_content": "Patch the table.",
+        "tool_calls": [{"id": "x", "type": "function", "function": {"name": "bash", "arguments": {"command": FIX}}}]}
+DONE = {"role": "assistant", "content": "Fixed the subtractive pairs.", "reasoning_content": "Tests should pass."}
+
+
+@pytest.fixture
+def run(tiny_model, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(ROOT / "tasks/roman-subtractive"),
+                    "--out", str(prompts)], check=True, capture_output=True, cwd=ROOT)
+    return RunLayout.create(tmp_path / "run", config={
+        "train": {"model": str(tiny_model), "prompt_data": str(prompts), "num_rollouts": 1, "rollout_batch_size": 1,
+                  "n_samples_per_prompt": 2},
+        "pool": {"harness": "builtin", "max_agents": 2, "max_booting": 2, "lease_s": 30, "poll_s": 0.1,
+                 "tools_dir": str(tmp_path / "tools"), "scratch_dir": str(tmp_path / "scratch")}})
+
+
+def step(upstream):
+    def choose(request):
+        text = upstream.tokenizer.decode(request["input_ids"])
+        return DONE if "<tool_response>" in text else CALL
+    return choose
+
+
+def test_a_pool_worker_runs_attempts_end_to_end(run, tiny_model):
+    (Path(run.root).parent / "scratch").mkdir()
+    config = run.manifest().config
+    train, pool = load_train_config(config["train"]), load_pool_config(config["pool"])
+    with ScriptedUpstream(tiny_model) as upstream:
+        upstream.push(*[step(upstream)] * 4)
+        Registry(run.services_dir).register("inference", 0, host="127.0.0.1", port=int(upstream.url.rsplit(":", 1)[1]))
+        ledger = Ledger(run.ledger_dir)
+        ledger.open_rollout(0, [0], attempts=2)
+
+        async def go():
+            stop = asyncio.Event()
+            worker = PoolWorker(run, pool, train)
+            serving = asyncio.create_task(worker.serve(stop))
+            for _ in range(600):
+                if ledger.status(0).committed == 2 or serving.done():
+                    break
+                await asyncio.sleep(0.1)
+            stop.set()
+            return await serving
+        counts = asyncio.run(go())
+    assert counts["committed"] == 2 and not counts["infra_failures"] and not counts["errors"], counts
+    groups = read_rollout(ledger, run.buffer_dir, 0)
+    samples = groups[0]
+    assert sorted(s.attempt for s in samples) == [0, 1]
+    sampled = [upstream.output_ids(CALL), upstream.output_ids(DONE)]
+    for s in samples:
+        assert s.reward == 1.0 and s.metadata["harness"] == "builtin" and s.metadata["exit_code"] == 0
+        assert s.metadata["empty_patch"] == "not_triggered" and s.metadata["patch_bytes"] > 0
+        response = s.tokens[len(s.tokens) - s.response_length:]
+        trained = [(int(t), float(lp)) for t, m, lp in zip(response, s.loss_mask, s.rollout_log_probs, strict=True)
+                   if m]
+        assert trained == [(t, pytest.approx(logprob(i, t))) for ids in sampled for i, t in enumerate(ids)]
+    assert not Registry(run.services_dir).services("pool")          # deregistered at the end

@@ -6,10 +6,21 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-unit sysdeps venv clis cluster-up cluster-down bench lint clean scripts
+.PHONY: test test-unit demo sysdeps venv clis cluster-up cluster-down bench lint clean scripts
 
 test: sysdeps venv cluster-up clis
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The whole loop on this machine (configs/tiny-local.yaml): CPU inference with a tiny model, bubblewrap
+# sandboxes, the builtin agent, the bundled tasks, the torch trainer; then the run's report.
+DEMO_RUN ?= runs/demo
+demo: sysdeps venv
+	@test ! -e $(DEMO_RUN) || { echo "$(DEMO_RUN) exists: remove it, or run make demo DEMO_RUN=runs/another"; exit 1; }
+	@mkdir -p .cache/demo
+	@test -f .cache/demo/tiny-model/agentrl_tiny.json || $(BIN)/python tools/make_tiny_model.py .cache/demo/tiny-model
+	$(BIN)/agentrl convert harbor tasks --out .cache/demo/prompts.jsonl
+	$(BIN)/agentrl launch configs/tiny-local.yaml --executor local --run-dir $(DEMO_RUN)
+	$(BIN)/agentrl report $(DEMO_RUN)
 
 # Everything that needs neither root nor Slurm (a cluster login node).
 test-unit: venv
@@ -23,7 +34,7 @@ venv: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e '.[dev,train,mpi]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,train,mpi,megatron]'
 	touch $@
 
 # Claude Code and Qwen Code at pinned versions, for the harness tests (needs npm)

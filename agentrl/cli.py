@@ -112,6 +112,15 @@ def _add_serve_parser(sub) -> None:
     s.set_defaults(func=serve_cli.run)
 
 
+def _add_report_parser(sub) -> None:
+    from .report import render
+
+    r = sub.add_parser("report", help="a run's metrics and eval results as report.md with PNG plots",
+                       description=render.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    render.add_arguments(r)
+    r.set_defaults(func=render.run)
+
+
 def _add_tasks_parser(sub) -> None:
     t = sub.add_parser("tasks", help="check a task set before training on it")
     t_sub = t.add_subparsers(dest="tasks_command", required=True)
@@ -163,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_parser(sub)
     _add_pool_parser(sub)
     _add_serve_parser(sub)
+    _add_report_parser(sub)
     return p
 
 

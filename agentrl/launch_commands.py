@@ -40,6 +40,8 @@ def launch(args: argparse.Namespace) -> int:
     if not run_dir:
         print("no run directory: pass --run-dir or set run_dir: in the config", file=sys.stderr)
         return 2
+    # Roles resolve relative paths in the config (models, data) against the config file's directory.
+    config = {**config, "config_dir": str(Path(args.config).resolve().parent)}
     try:
         layout = RunLayout.create(run_dir, config, run_id=config.get("run_id"))
     except (RunDirError, RecordError, ValueError) as e:
@@ -47,6 +49,8 @@ def launch(args: argparse.Namespace) -> int:
         return 2
     python = args.python or sys.executable
     print(f"agentrl: run directory {layout.root}, executor {args.executor}, python {python}")
+    print(f"agentrl: each task logs to {layout.logs_dir}/<role>-<i>.log; `agentrl status {layout.root}` and "
+          f"`agentrl ledger status {layout.root}` show progress", flush=True)
     if args.executor == "local":
         return executors.run_local(plan, layout, python)
     if args.executor == "sbatch":

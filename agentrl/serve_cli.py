@@ -39,15 +39,19 @@ def _load(args: argparse.Namespace, run_dir: Path | None) -> tuple[Any, Path, st
                 raise _Unservable(f"{args.config}: needs a mapping with an inference: section")
             exists = (run_dir / "run.yaml").exists()
             layout = RunLayout.open(run_dir) if exists else RunLayout.create(run_dir, config=config)
-            source = f"{args.config}: inference"
+            source, base = f"{args.config}: inference", args.config.resolve().parent
         else:
             layout = RunLayout.open(run_dir)
             config, source = layout.manifest().config, f"{layout.manifest_path}: inference"
+            base = layout.config_base()
     except (OSError, yaml.YAMLError, RecordError, RunDirError) as e:
         raise _Unservable(str(e)) from None
     if "inference" not in config:
         raise _Unservable(f"{source.rpartition(':')[0]} has no inference: section (see hpc/inference/serve.py)")
-    return config["inference"], layout.root, source
+    section = config["inference"]
+    if isinstance(section, dict) and isinstance(section.get("model"), str) and not Path(section["model"]).is_absolute():
+        section = {**section, "model": str(base / section["model"])}      # relative to the config file
+    return section, layout.root, source
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import time
@@ -124,12 +125,39 @@ class RunLayout:
     def manifest(self) -> RunManifest:
         return read_record(self.manifest_path, RunManifest)
 
+    def config_base(self) -> Path:
+        """What relative paths in the run's config are relative to: the config file's directory, which
+        `agentrl launch` records as config_dir, else the run directory."""
+        found = self.manifest().config.get("config_dir")
+        return Path(found) if found else self.root
+
     # -- the `latest` checkpoint pointer -------------------------------------
     def publish_latest(self, iteration: int) -> None:
         """Point checkpoints/latest at iter_<n>; call only once iter_<n> is complete."""
         if not self.checkpoint_dir(iteration).is_dir():
             raise FileNotFoundError(f"{self.checkpoint_dir(iteration)} does not exist")
         write_atomic(self.checkpoints_dir / "latest", f"{iteration}\n".encode())
+
+    # -- the weights inference serves: what a (re)started server must load ---------
+    @property
+    def published_weights_path(self) -> Path:
+        return self.checkpoints_dir / "published.json"
+
+    def publish_weights(self, version: int, model_path: Path) -> None:
+        """Record that inference now serves `model_path` as `version` (after every server reloaded it)."""
+        write_atomic(self.published_weights_path,
+                     json.dumps({"weight_version": version, "model_path": str(model_path)}).encode())
+
+    def published_weights(self) -> tuple[int, Path] | None:
+        """(version, HF directory) of the weights last published, or None before the first publish."""
+        try:
+            data = json.loads(self.published_weights_path.read_text())
+            return int(data["weight_version"]), Path(data["model_path"])
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError) as e:
+            raise RecordError(self.published_weights_path, f"is not a weights record ({e})",
+                              "remove it: servers then start from the base model until the next publish") from None
 
     def latest_checkpoint(self) -> int | None:
         path = self.checkpoints_dir / "latest"

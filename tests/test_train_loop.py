@@ -206,7 +206,7 @@ def test_colocated_servers_release_memory_only_after_the_rollout_closes(tiny_mod
 
     def server(request: httpx.Request) -> httpx.Response:
         path = request.url.path
-        if path == "/get_model_info":
+        if path == "/model_info":
             return httpx.Response(200, json={"weight_version": version["v"]})
         if path == "/update_weights_from_disk":
             version["v"] = json.loads(request.content)["weight_version"]

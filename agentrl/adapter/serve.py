@@ -54,7 +54,8 @@ class AdapterServer:
         while not all(s.started for s in self._servers):
             if any(t.done() for t in tasks):
                 for t in tasks:
-                    t.result()     # raises the bind error
+                    if t.done():
+                        t.result()     # raises the bind error
                 raise RuntimeError("the adapter server stopped while starting")
             await asyncio.sleep(0.01)
         self.port = self._servers[0].servers[0].sockets[0].getsockname()[1]

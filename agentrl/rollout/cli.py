@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from .worker import PoolWorker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)      # one line per model call drowns the log
     role = RoleEnv.from_environ()
     run_dir = args.run_dir or (Path(role.run_dir) if role.run_dir else None)
     if run_dir is None:
@@ -46,9 +47,9 @@ def run(args: argparse.Namespace) -> int:
         if args.config:
             raw, base, source = yaml.safe_load(args.config.read_text()), args.config.parent, str(args.config)
         else:
-            raw, base, source = layout.manifest().config, run_dir, str(run_dir / "run.yaml")
+            raw, base, source = layout.manifest().config, layout.config_base(), str(run_dir / "run.yaml")
         train = train_section(raw, base, source)
-        pool = load_pool_config((raw or {}).get("pool"), source=f"{source}: pool")
+        pool = load_pool_config((raw or {}).get("pool"), source=f"{source}: pool").resolved(base)
     except (TrainConfigError, PoolConfigError, RunDirError, RecordError, OSError, yaml.YAMLError) as e:
         print(f"agentrl pool: {e}", file=sys.stderr)
         return 2

@@ -44,6 +44,12 @@ class PoolConfig(BaseModel):
     extra_args: list[str] = Field(default_factory=list)
     extra_env: dict[str, str] = Field(default_factory=dict)
 
+    def resolved(self, base: Path) -> PoolConfig:
+        """Relative directories made absolute against `base` (the config file's directory)."""
+        fix = {k: base / v for k in ("image_cache", "scratch_dir", "tools_dir")
+               if (v := getattr(self, k)) is not None and not v.is_absolute()}
+        return self.model_copy(update=fix)
+
 
 def load_pool_config(data: Any, source: str = "pool") -> PoolConfig:
     try:

@@ -14,6 +14,7 @@ import os
 import random
 import shutil
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -40,29 +41,42 @@ class Saveable(Protocol):
     def export_hf(self, path: Path) -> None: ...
 
 
-def save_checkpoint(run: RunLayout, policy: Saveable, state: TrainerState) -> Path:
-    """Write iter_<n> whole and point `latest` at it; returns its path. Rank 0 only."""
+def save_checkpoint(run: RunLayout, policy: Saveable, state: TrainerState, *, rank: int = 0,
+                    collective: bool = False, barrier: Callable[[], None] = lambda: None) -> Path:
+    """Write iter_<n> whole and point `latest` at it; returns its path.
+
+    Rank 0 alone writes, unless the policy's save and export are collective (Megatron's sharded
+    state: every rank writes its shard into the same directory); then every rank calls this."""
     n = state.iteration
     final = run.checkpoint_dir(n)
-    run.checkpoints_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run.checkpoints_dir / f".tmp-iter_{n}-{socket.gethostname()}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        policy.save(tmp)
-        torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}, tmp / "rng.pt")
-        (tmp / "hf").mkdir()
-        policy.export_hf(tmp / "hf")
-        fsync_tree(tmp)      # on disk before the rename makes it a checkpoint
-        write_record(tmp / "trainer.json", state)      # last: the directory is trusted with it only
-        if final.exists():    # a crash after the rename, before `latest` moved: this one replaces it
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        fsync_dir(run.checkpoints_dir)
-    finally:
+    # One name for all ranks when they write together; else this process's own.
+    tmp = run.checkpoints_dir / (f".tmp-iter_{n}" if collective else
+                                 f".tmp-iter_{n}-{socket.gethostname()}-{os.getpid()}")
+    if rank == 0:
+        run.checkpoints_dir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
-    run.publish_latest(n)
+        (tmp / "hf").mkdir(parents=True)
+    barrier()
+    try:
+        if rank == 0 or collective:
+            policy.save(tmp)
+            policy.export_hf(tmp / "hf")
+        barrier()
+        if rank == 0:
+            torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+                        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+                       tmp / "rng.pt")
+            fsync_tree(tmp)      # on disk before the rename makes it a checkpoint
+            write_record(tmp / "trainer.json", state)      # last: the directory is trusted with it only
+            if final.exists():    # a crash after the rename, before `latest` moved: this one replaces it
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            fsync_dir(run.checkpoints_dir)
+            run.publish_latest(n)
+    finally:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+    barrier()
     return final
 
 

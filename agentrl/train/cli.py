@@ -3,8 +3,8 @@
 Under srun, mpirun or torchrun the ranks find each other through `hpc.launch.distenv` (gloo on
 CPU, NCCL on GPU). The config is YAML whose `train:` section is a TrainConfig; relative paths in
 it are relative to the config file. Started by `agentrl launch`, both come from the run: the
-directory from AGENTRL_RUN_DIR and the config from its run.yaml (relative paths: to the run
-directory).
+directory from AGENTRL_RUN_DIR and the config from its run.yaml (relative paths: to the launched
+config file's directory).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from .config import TrainConfigError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)      # one line per model call drowns the log
     if args.run_dir is None:
         role = RoleEnv.from_environ()
         if role.run_dir is None:
@@ -65,8 +66,9 @@ def run(args: argparse.Namespace) -> int:
         if args.config is not None:
             cfg, raw = load_config(args.config)
         else:
-            raw = RunLayout.open(args.run_dir).manifest().config
-            cfg = train_section(raw, args.run_dir, str(args.run_dir / "run.yaml"))
+            layout = RunLayout.open(args.run_dir)
+            raw = layout.manifest().config
+            cfg = train_section(raw, layout.config_base(), str(args.run_dir / "run.yaml"))
     except (TrainConfigError, RunDirError, RecordError) as e:
         print(f"agentrl train: {e}", file=sys.stderr)
         return 2

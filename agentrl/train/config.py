@@ -14,12 +14,25 @@ class TrainConfigError(ValueError):
     pass
 
 
+class MegatronOptions(BaseModel):
+    """`train.megatron`: model parallelism for backend: megatron (agentrl/train/megatron_backend.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tensor_parallel_size: int = Field(default=1, gt=0)
+    pipeline_parallel_size: int = Field(default=1, le=1, gt=0)    # 1 only, for now (see megatron_backend)
+    context_parallel_size: int = Field(default=1, le=1, gt=0)     # 1 only, for now
+    bf16: bool = False                  # GPU only: bf16 weights and activations, fp32 main weights in the optimizer
+    distributed_optimizer: bool = True  # GPU only: shard optimizer state over the data-parallel ranks
+
+
 class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: Path                                  # HF directory the run starts from
     prompt_data: Path                            # JSONL from `agentrl convert harbor`
     backend: Literal["torch", "megatron"] = "torch"
+    megatron: MegatronOptions = Field(default_factory=MegatronOptions)
     # rollouts
     num_rollouts: int = Field(gt=0)
     rollout_batch_size: int = Field(gt=0)        # prompt groups per rollout

@@ -87,9 +87,17 @@ class Trainer:
 
     # ------------------------------------------------------------ the loop
 
+    def make_policy(self):
+        if self.cfg.backend == "megatron":
+            from .megatron_backend import MegatronPolicy, init_model_parallel
+
+            init_model_parallel(self.cfg.megatron)
+            return MegatronPolicy(self.cfg.model, self.cfg)
+        return TorchPolicy(self.cfg.model, self.cfg)
+
     def train(self) -> TrainerState:
         cfg = self.cfg
-        policy = TorchPolicy(cfg.model, cfg)
+        policy = self.make_policy()
         state = load_latest(self.run, policy)
         if state is not None:
             source = PromptSource.from_state(state.prompt_source, self.rows)
@@ -139,7 +147,7 @@ class Trainer:
         metrics: dict[str, Any] = {"rollout": r, **report, **timing}
         t1 = self.clock()
         steps = plan_steps(batch, global_batch_size=cfg.global_batch_size, max_tokens_per_gpu=cfg.max_tokens_per_gpu,
-                           dp_size=self.world_size, rank=self.rank)
+                           dp_size=policy.dp_size, rank=policy.dp_rank)
         step_metrics = [policy.train_step(batch, plan) for plan in steps]
         metrics.update({f"train/{k}": sum(m[k] for m in step_metrics) / len(step_metrics) for k in step_metrics[0]})
         metrics["train_s"] = round(self.clock() - t1, 3)
@@ -151,20 +159,20 @@ class Trainer:
                              state.weight_version, prompt_source=source.state())
         if save:
             t2 = self.clock()
-            if self.rank == 0:
-                save_checkpoint(self.run, policy, state)
-            barrier()
+            save_checkpoint(self.run, policy, state, rank=self.rank, collective=policy.collective_io, barrier=barrier)
             metrics["checkpoint_s"] = round(self.clock() - t2, 3)
         if colocated is not None:
             t3 = self.clock()
             colocated.__exit__(None, None, None)
             colocated.resume(self.run.checkpoint_dir(n) / "hf" if publish else None, n)
             if publish:
+                self.run.publish_weights(n, self.run.checkpoint_dir(n) / "hf")
                 metrics.update({"weight_version": n, "publish_s": round(self.clock() - t3, 3),
                                 "inference_servers": len(colocated.clients)})
         elif publish and self.rank == 0:
             times = publish_weights(self.inference_servers(), self.run.checkpoint_dir(n) / "hf", n,
                                     timeout_s=cfg.publish_timeout_s, client=self._client)
+            self.run.publish_weights(n, self.run.checkpoint_dir(n) / "hf")   # what a restarted server loads
             metrics.update({"weight_version": n, "publish_s": round(max(times.values(), default=0.0), 3),
                             "inference_servers": len(times)})
         barrier()

@@ -1,23 +1,16 @@
 """The megatron backend: a megatron-core GPTModel built from a Qwen2-shaped HF model, tensor-parallel.
 
-The same interface as TorchPolicy (train_step, response_logprobs, save, load, export_hf, fingerprint,
-steps), for models that need their layers split over GPUs. Sizes come from megatron-core's parallel
-state, which `init_model_parallel` sets up over the default process group.
-
-What the local layer spec (no Transformer Engine, so it runs anywhere) allows, and so what this does:
-- Tensor parallelism only. Context parallelism needs TEDotProductAttention (the local attention asserts
-  context_parallel_size == 1) and pipeline parallelism needs Megatron's pipeline schedules, which
-  allocate on "cuda"; both are refused at construction.
-- Padded micro-batches, as in TorchPolicy: the local DotProductAttention refuses PackedSeqParams
-  ("Packed sequence is not supported by DotProductAttention"). Samples are right-padded, so the causal
-  mask alone keeps padding out of every real token's attention.
-- On CPU, torch AdamW with a tensor-parallel-aware gradient norm: megatron-core's optimizers and its
-  DistributedDataParallel allocate on "cuda" (overflow buffers, grad-norm reduction, the schedules'
-  token counter). On GPU, Megatron's DistributedDataParallel and optimizer (optionally distributed).
-
-Checkpoints are megatron-core dist_checkpointing (sharded, resharding-capable) and collective: every
-rank calls save/load with the same path; export_hf gathers the tensor-parallel shards and the global
-rank 0 writes.
+TorchPolicy's interface, for models whose layers must be split over GPUs. Parallel sizes come from
+megatron-core's parallel state, which `init_model_parallel` sets up over the default process group.
+What the local layer spec (no Transformer Engine) allows, and so what this does:
+- Tensor parallelism only: context parallelism needs TEDotProductAttention (the local one asserts
+  context_parallel_size == 1), pipeline parallelism Megatron's schedules, which allocate on "cuda".
+- Padded micro-batches as in TorchPolicy: the local DotProductAttention refuses PackedSeqParams.
+  Samples are right-padded, so the causal mask alone keeps padding out of every real token's attention.
+- On CPU, torch AdamW: megatron-core's optimizers and DistributedDataParallel allocate on "cuda". On
+  GPU, Megatron's DistributedDataParallel and optimizer (optionally distributed).
+save/load (megatron-core dist_checkpointing, resharding on load) and export_hf are collective: every
+rank calls them with the same path; export_hf gathers the tensor-parallel shards and rank 0 writes.
 """
 
 from __future__ import annotations
@@ -29,24 +22,13 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
 from .batch import RolloutBatch, StepPlan
-from .config import TrainConfig
+from .config import MegatronOptions, TrainConfig
 from .loss import policy_loss
-from .megatron_convert import hf_to_megatron, megatron_to_hf, rope_parameters, transformer_config_kwargs
-from .torch_backend import TOKENIZER_FILES, world
-
-
-class MegatronOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    tensor_parallel_size: int = Field(default=1, gt=0)
-    pipeline_parallel_size: int = Field(default=1, gt=0)    # 1 only, for now (see the module docstring)
-    context_parallel_size: int = Field(default=1, gt=0)     # 1 only, for now
-    bf16: bool = False                  # GPU only: bf16 weights and activations, fp32 main weights in the optimizer
-    distributed_optimizer: bool = True  # GPU only: shard optimizer state over the data-parallel ranks
+from .megatron_convert import HFWeights, hf_to_megatron, megatron_to_hf, rope_parameters, transformer_config_kwargs
+from .torch_backend import TOKENIZER_FILES
 
 
 def init_model_parallel(options: MegatronOptions) -> None:
@@ -56,19 +38,26 @@ def init_model_parallel(options: MegatronOptions) -> None:
     if not mpu.model_parallel_is_initialized():
         mpu.initialize_model_parallel(options.tensor_parallel_size, options.pipeline_parallel_size,
                                       context_parallel_size=options.context_parallel_size)
+    found = (mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size(),
+             mpu.get_context_parallel_world_size())
+    wanted = (options.tensor_parallel_size, options.pipeline_parallel_size, options.context_parallel_size)
+    if found != wanted:
+        raise ValueError(f"megatron-core was set up with (tensor, pipeline, context) parallel sizes {found}, "
+                         f"the options ask for {wanted}")
 
 
 class MegatronPolicy:
+    collective_io = True       # every rank saves and exports its own shard
     def __init__(self, model_dir: Path, cfg: TrainConfig, options: MegatronOptions | None = None):
         from megatron.core import parallel_state as mpu
         from megatron.core import tensor_parallel
         from transformers import AutoConfig
 
-        self.cfg, self.model_dir, self.options = cfg, Path(model_dir), options or MegatronOptions()
+        self.cfg, self.model_dir, self.options = cfg, Path(model_dir), options or cfg.megatron
         if not (dist.is_initialized() and mpu.model_parallel_is_initialized()):
             raise RuntimeError("MegatronPolicy needs torch.distributed and megatron-core's parallel state: call "
                                "init_model_parallel(options) after init_process_group")
-        self.rank, self.world_size = world()
+        self.rank = dist.get_rank()
         self.tp_rank, self.tp_size = mpu.get_tensor_model_parallel_rank(), mpu.get_tensor_model_parallel_world_size()
         self.dp_rank, self.dp_size = mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()
         if mpu.get_pipeline_model_parallel_world_size() > 1 or mpu.get_context_parallel_world_size() > 1:
@@ -85,19 +74,18 @@ class MegatronPolicy:
         if self.hf_config.vocab_size % self.tp_size:
             raise ValueError(f"vocab_size {self.hf_config.vocab_size} does not split over tensor_parallel_size "
                              f"{self.tp_size}")
-        hf_state = _read_safetensors(self.model_dir)
+        hf_state = HFWeights(self.model_dir)
         self.module = self._build(hf_state)
         self.ref = None
         if cfg.kl_coef > 0:
             self.ref = self._build(hf_state).requires_grad_(False).eval()
-        del hf_state
         if self.cuda:
             self.model, self.optimizer = _megatron_training(self.module, cfg, self.options)
         else:
             self.model, self.optimizer = self.module, _CpuAdamW(self.module, cfg)
         self.steps = 0
 
-    def _build(self, hf_state: dict[str, Tensor]) -> torch.nn.Module:
+    def _build(self, hf_state: HFWeights) -> torch.nn.Module:
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
         from megatron.core.transformer import TransformerConfig
@@ -106,8 +94,11 @@ class MegatronPolicy:
         config = TransformerConfig(
             **transformer_config_kwargs(hf), tensor_model_parallel_size=self.tp_size, params_dtype=dtype,
             bf16=self.options.bf16, use_cpu_initialization=not self.cuda,
-            perform_initialization=False,          # every weight is loaded from the HF checkpoint next
-            # fused kernels are CUDA-only, and the gradient sums below are over data-parallel ranks, not averages
+            # Initialised although every weight is loaded next: only the initialisers mark weights as
+            # tensor-parallel, and the gradient norm would count a split weight on one rank alone.
+            perform_initialization=True,
+            # Apex and Megatron's fused CUDA kernels are not installed. Per-token loss: Megatron's DDP then sums
+            # gradients over data-parallel ranks, as the loss is already normalised over the whole step.
             bias_dropout_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
             apply_rope_fusion=False, gradient_accumulation_fusion=False, calculate_per_token_loss=True)
         model = GPTModel(config, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=hf.vocab_size,
@@ -125,13 +116,17 @@ class MegatronPolicy:
         from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
         ids = padded_tokens(batch, indices).to(self.device)
-        length = ids.shape[1]
-        positions = torch.arange(length, device=self.device).expand_as(ids)
-        # An explicit causal mask (True: hidden): left to itself the local attention builds one on "cuda".
-        causal = torch.ones(length, length, dtype=torch.bool, device=self.device).triu(1)[None, None]
-        logits = model(ids, positions, attention_mask=causal)[:, :-1].float() / self.cfg.rollout_temperature
+        logits = self.logits(model, ids)[:, :-1].float() / self.cfg.rollout_temperature
         logp = -vocab_parallel_cross_entropy(logits, ids[:, 1:])    # this rank's vocabulary shard suffices
         return response_slices(logp, batch, indices)
+
+    def logits(self, model: torch.nn.Module, ids: Tensor) -> Tensor:
+        """[batch, length, this rank's vocabulary shard] for right-padded token ids [batch, length]."""
+        length = ids.shape[1]
+        positions = torch.arange(length, device=ids.device).expand_as(ids)
+        # An explicit causal mask (True: hidden): left to itself the local attention builds one on "cuda".
+        causal = torch.ones(length, length, dtype=torch.bool, device=ids.device).triu(1)[None, None]
+        return model(ids, positions, attention_mask=causal)
 
     # ------------------------------------------------------------ one optimizer step
 
@@ -197,7 +192,7 @@ class MegatronPolicy:
         from megatron.core import dist_checkpointing
 
         state = dist_checkpointing.load(self._sharded_state(loading=True), str(Path(path) / "megatron"))
-        self.module.load_state_dict(state["model"], strict=False)   # strict: no _extra_state (None) is saved
+        self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
 
     def export_hf(self, path: Path) -> None:
@@ -209,6 +204,7 @@ class MegatronPolicy:
             return
         state = megatron_to_hf(shards, self.hf_config)
         path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
         save_torch_state_dict(state, path, metadata={"format": "pt"})
         shutil.copy2(self.model_dir / "config.json", path / "config.json")
         for name in TOKENIZER_FILES:
@@ -292,19 +288,20 @@ class _CpuAdamW:
 
     def sharded_state_dict(self, model_state: dict, *, is_loading: bool) -> dict:
         # As megatron-core's FP32Optimizer does it, whose step() (gradient clipping) would need CUDA.
-        from megatron.core.dist_checkpointing.optimizer import (get_param_id_to_sharded_param_map,
-                                                                optim_state_to_sharding_state)
+        from megatron.core.dist_checkpointing.optimizer import (
+            get_param_id_to_sharded_param_map,
+            optim_state_to_sharding_state,
+        )
 
-        if is_loading:       # AdamW creates its state lazily: give the loader tensors to fill
-            for p in self.params:
+        for p in self.params:   # AdamW creates its state at its first step: the loader needs tensors to fill
+            if not self.torch.state[p]:     # as at step 0, and so the same as none
                 self.torch.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
                                        "exp_avg_sq": torch.zeros_like(p)}
         state = self.torch.state_dict()
-        steps = {float(s["step"]) for s in state["state"].values()}
+        [step] = {float(s["step"]) for s in state["state"].values()}
         optim_state_to_sharding_state(state, get_param_id_to_sharded_param_map(model_state, self.params),
                                       exclude_keys=("step",))
-        state["common_step"] = steps.pop() if steps else 0.0
-        return state
+        return {**state, "common_step": step}
 
     def load_state_dict(self, state: dict) -> None:
         step = state.pop("common_step")
@@ -354,15 +351,6 @@ def _megatron_training(module: torch.nn.Module, cfg: TrainConfig, options: Megat
 
 # ---------------------------------------------------------------- weights
 
-def _read_safetensors(model_dir: Path) -> dict[str, Tensor]:
-    from safetensors.torch import load_file
-
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{model_dir} holds no *.safetensors weights")
-    return {name: t for f in files for name, t in load_file(str(f)).items()}
-
-
 def _parameters(model: torch.nn.Module) -> dict[str, Tensor]:
     # Megatron's layers add `_extra_state` entries (None, for Transformer Engine's FP8 metadata): not weights.
     return {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
@@ -379,16 +367,19 @@ def _load_exactly(model: torch.nn.Module, weights: dict[str, Tensor]) -> None:
 
 
 def _gather_tensor_parallel(local: dict[str, Tensor]) -> list[dict[str, Tensor]]:
-    """Every tensor-parallel rank's parameters, in rank order (collective over the tensor-parallel group)."""
+    """On the global rank 0, every tensor-parallel rank's parameters in rank order; elsewhere [].
+
+    Collective over rank 0's tensor-parallel group; other groups return at once."""
     from megatron.core import parallel_state as mpu
 
-    size = mpu.get_tensor_model_parallel_world_size()
-    if size == 1:
-        return [{k: v.detach().cpu() for k, v in local.items()}]
-    shards: list[dict[str, Tensor]] = [{} for _ in range(size)]
+    group = mpu.get_tensor_model_parallel_group()
+    if 0 not in dist.get_process_group_ranks(group):
+        return []
+    size, first = dist.get_world_size(group), dist.get_rank() == 0
+    shards: list[dict[str, Tensor]] = [{} for _ in range(size)] if first else []
     for name, t in sorted(local.items()):
-        parts = [torch.empty_like(t) for _ in range(size)]
-        dist.all_gather(parts, t.detach().contiguous(), group=mpu.get_tensor_model_parallel_group())
-        for shard, part in zip(shards, parts, strict=True):
+        parts = [torch.empty_like(t) for _ in range(size)] if first else None
+        dist.gather(t.detach().contiguous(), parts, group=group, group_dst=0)
+        for shard, part in zip(shards, parts or [], strict=True):
             shard[name] = part.cpu()
     return shards

@@ -14,7 +14,8 @@ Pipeline stages are not handled here: every function sees the whole stack of lay
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,13 +36,42 @@ class UnsupportedModel(ValueError):
     pass
 
 
+class HFWeights(Mapping[str, Tensor]):
+    """A HF checkpoint's tensors, each read when asked for: a rank never holds more than its shard and one tensor."""
+
+    def __init__(self, model_dir: Path):
+        from safetensors import safe_open
+
+        self._file: dict[str, Path] = {}
+        for path in sorted(Path(model_dir).glob("*.safetensors")):
+            with safe_open(str(path), "pt") as f:
+                self._file.update(dict.fromkeys(f.keys(), path))
+        if not self._file:
+            raise FileNotFoundError(f"{model_dir} holds no *.safetensors weights")
+
+    def __getitem__(self, name: str) -> Tensor:
+        from safetensors import safe_open
+
+        with safe_open(str(self._file[name]), "pt") as f:
+            return f.get_tensor(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._file)
+
+    def __len__(self) -> int:
+        return len(self._file)
+
+
 def transformer_config_kwargs(hf: Any) -> dict[str, Any]:
     """TransformerConfig arguments that make a GPTModel compute what the Qwen2-shaped HF config `hf` does."""
+    if hf.model_type != "qwen2":     # Llama lacks the q/k/v biases, Qwen3 adds q/k norms: other layouts
+        raise UnsupportedModel(f"only Qwen2 models are converted, got model_type={hf.model_type!r}")
     if getattr(hf, "use_sliding_window", False):
         raise UnsupportedModel("sliding-window attention is not converted (use_sliding_window is true)")
     rope = rope_parameters(hf)
-    if rope.get("rope_type", "default") != "default":
-        raise UnsupportedModel(f"only default rotary embeddings are converted, got rope_type={rope['rope_type']!r}")
+    kind = rope.get("rope_type", rope.get("type", "default"))     # transformers 4 called it "type"
+    if kind != "default":
+        raise UnsupportedModel(f"only default rotary embeddings are converted, got rope_type={kind!r}")
     if getattr(hf, "hidden_act", "silu") != "silu":
         raise UnsupportedModel(f"only SwiGLU MLPs are converted, got hidden_act={hf.hidden_act!r}")
     return dict(

@@ -58,9 +58,13 @@ class InferenceClient:
 
     def weight_version(self) -> str | None:
         try:
-            info = self._http.get("/get_model_info").json()
+            # SGLang 0.5.12 names it /model_info (/get_model_info still answers, with a warning per call).
+            r = self._http.get("/model_info")
+            if r.status_code == 404:
+                r = self._http.get("/get_model_info")
+            info = r.json()
         except (httpx.HTTPError, ValueError) as e:
-            raise PublishError(f"{self.url}/get_model_info: {e!r}") from None
+            raise PublishError(f"{self.url}/model_info: {e!r}") from None
         version = info.get("weight_version")
         return None if version is None else str(version)
 

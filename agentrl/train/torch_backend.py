@@ -38,11 +38,14 @@ def barrier() -> None:
 
 
 class TorchPolicy:
+    collective_io = False      # rank 0 alone saves: DDP keeps every rank identical
+
     def __init__(self, model_dir: Path, cfg: TrainConfig):
         from transformers import AutoModelForCausalLM
 
         self.cfg, self.model_dir = cfg, Path(model_dir)
         self.rank, self.world_size = world()
+        self.dp_rank, self.dp_size = self.rank, self.world_size
         self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
         torch.manual_seed(cfg.seed)
         module = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(self.device)

@@ -29,6 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..environment import RoleEnv
+from ..runlayout import RunLayout
 from ..validation import problems
 from .sglang import SGLangConfig, advertised_host
 
@@ -136,9 +137,21 @@ def run_sglang(cfg: SGLangServe, run_root: Path, index: int) -> int:
     return 0
 
 
+def with_published_weights(cfg: CpuServe | SGLangServe, run_root: Path) -> CpuServe | SGLangServe:
+    """A server (re)started mid-run serves the weights the trainer last published, not the base model."""
+    found = RunLayout(run_root).published_weights() if (run_root / "checkpoints").is_dir() else None
+    if found is None:
+        return cfg
+    version, path = found
+    if isinstance(cfg, CpuServe):
+        return cfg.model_copy(update={"model": path, "weight_version": str(version)})
+    return cfg.model_copy(update={"model_path": path, "weight_version": str(version)})
+
+
 def serve(section: Any, run_root: Path, env: RoleEnv, source: str = "inference") -> int:
     """Run this task's server from a config's inference section (raises InferenceConfigError first if it is bad)."""
     cfg = parse_inference(section, env.task_index, source)
+    cfg = with_published_weights(cfg, run_root)
     if isinstance(cfg, CpuServe):
         from . import cpu_server
 

@@ -70,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         ap.error("no command given after --")
+    if command[0] == "agentrl":
+        # The launcher's Python (AGENTRL_PYTHON) runs this wrapper: its agentrl, whether or not a venv's
+        # bin/ is on PATH.
+        command = [sys.executable, "-m", "agentrl.cli", *command[1:]]
 
     slurm = SlurmEnv.from_environ()
     index = args.index if args.index is not None else (slurm.proc_id or 0)

@@ -1,0 +1,189 @@
+"""`agentrl report RUN [--out DIR]`: a run's progress as DIR/report.md beside its PNG plots.
+
+Reads RUN/run.yaml, RUN/metrics.jsonl (the trainer's line per rollout), RUN/eval/iter_<n>/summary.json
+and RUN/checkpoints/latest, and changes none of them; DIR defaults to RUN. Run it again at any time:
+it rewrites the report from what the run holds now. Lines and files it cannot use are counted in the
+report, and plots without data are listed with the reason. Exit 2: RUN is not a run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from hpc.fsio import write_atomic
+from hpc.records import RecordError
+from hpc.runlayout import RunDirError
+
+from .data import (
+    NO_EVALS,
+    Plot,
+    RunData,
+    config_summary,
+    eval_pass_at_k,
+    eval_plot,
+    is_number,
+    latest_values,
+    read_run,
+    training_plots,
+)
+
+REPORT_NAME = "report.md"
+SHOWN_LINE_NUMBERS = 5
+
+
+def report_plots(run: RunData) -> list[Plot]:
+    plots = training_plots(run.metrics.records if run.metrics else [])
+    plots.insert(1, eval_plot(run.evals))        # beside the training reward it is compared with
+    return plots
+
+
+def write_report(run_dir: Path | str, out_dir: Path | str | None = None) -> Path:
+    """Write report.md and its PNGs into out_dir (default: the run directory); return report.md's path.
+
+    Raises RunDirError or RecordError when run_dir is not a readable run directory.
+    """
+    # matplotlib takes a second to import: only a report pays for it, not every `agentrl` command.
+    from .plots import draw, save
+
+    run = read_run(run_dir)
+    out = Path(out_dir) if out_dir is not None else run.root
+    out.mkdir(parents=True, exist_ok=True)
+    plots = report_plots(run)
+    for plot in plots:
+        png = out / f"{plot.name}.png"
+        if plot.skipped:
+            png.unlink(missing_ok=True)     # an earlier report's figure would contradict this report
+        else:
+            save(draw(plot), png)
+    path = out / REPORT_NAME
+    write_atomic(path, render_markdown(run, plots).encode())
+    return path
+
+
+# ---------------------------------------------------------------- markdown (pure)
+
+
+def render_markdown(run: RunData, plots: list[Plot]) -> str:
+    records = run.metrics.records if run.metrics else []
+    lines = [f"# Run report: {run.run_id}", "", *_header(run), ""]
+    notes = _notes(run)
+    if notes:
+        lines += ["## Could not be used", "", *(f"- {n}" for n in notes), ""]
+    lines += ["## Config", "", *_table(["setting", "value"], [list(row) for row in config_summary(run.config)]), ""]
+    lines += ["## Latest values", ""]
+    if records:
+        rows = [[key, _fmt(value), str(rollout)] for key, value, rollout in latest_values(records)]
+        lines += _table(["metric", "value", "rollout"], rows)
+    else:
+        lines.append(f"_No training metrics yet: {_why_no_metrics(run)}._")
+    lines += ["", "## Checkpoints (eval)", ""]
+    lines += _eval_table(run) if run.evals else [f"_{NO_EVALS.capitalize()} (no eval/iter_<n>/summary.json)._"]
+    lines += ["", "## Plots"]
+    for plot in plots:
+        lines += ["", f"### {plot.title}", ""]
+        lines.append(f"_Skipped: {plot.skipped}._" if plot.skipped else f"![{plot.title}]({plot.name}.png)")
+    return "\n".join(lines) + "\n"
+
+
+def _header(run: RunData) -> list[str]:
+    records = run.metrics.records if run.metrics else []
+    latest = f"iter_{run.latest_checkpoint}" if run.latest_checkpoint is not None else "none yet"
+    if records:
+        first, last = records[0]["rollout"], records[-1]["rollout"]
+        recorded = f"{len(records)} ({first}–{last})" if len(records) > 1 else f"1 ({first})"
+        if is_number(records[-1].get("time")):
+            recorded += f", the last at {_utc(records[-1]['time'])}"
+    else:
+        recorded = "none"
+    return [f"- run directory: `{run.root}`", f"- created: {_utc(run.created)}",
+            f"- latest checkpoint: {latest}", f"- rollouts recorded: {recorded}"]
+
+
+def _why_no_metrics(run: RunData) -> str:
+    return "metrics.jsonl does not exist" if run.metrics is None else "metrics.jsonl holds no trainer lines"
+
+
+def _notes(run: RunData) -> list[str]:
+    notes = []
+    if run.metrics and run.metrics.unreadable:
+        bad = run.metrics.unreadable
+        shown = ", ".join(map(str, bad[:SHOWN_LINE_NUMBERS])) + (", …" if len(bad) > SHOWN_LINE_NUMBERS else "")
+        notes.append(f"{len(bad)} metric line{'s' if len(bad) != 1 else ''} could not be read "
+                     f"(metrics.jsonl line{'s' if len(bad) != 1 else ''} {shown}): not JSON, or no kind or rollout")
+    if run.metrics and run.metrics.rerecorded:
+        notes.append(f"rollouts {', '.join(map(str, run.metrics.rerecorded))} were recorded more than once "
+                     "(a resumed trainer trained them again); the last line of each is shown")
+    input_errors = sum(r["metric_input_errors"] for r in (run.metrics.records if run.metrics else [])
+                       if is_number(r.get("metric_input_errors")))
+    if input_errors:
+        notes.append(f"{_fmt(input_errors)} metric input errors over all rollouts (samples that did not fit a "
+                     "metric; the trainer's log names them)")
+    return notes + run.problems
+
+
+def _eval_table(run: RunData) -> list[str]:
+    labels = {eval_pass_at_k(s)[0] for s in run.evals}
+    uniform = len(labels) == 1
+    rows = []
+    for s in run.evals:
+        label, pass_k = eval_pass_at_k(s)
+        name = f"iter_{s['iteration']}" + (" (latest)" if s["iteration"] == run.latest_checkpoint else "")
+        rows.append([name, _fmt(s.get("pass@1")), _fmt(pass_k) + ("" if uniform else f" ({label})"),
+                     _fmt(s.get("empty_patch_rate")), _fmt(s.get("infra_failures")), _fmt(s.get("attempts"))])
+    header = ["checkpoint", "pass@1", labels.pop() if uniform else "pass@k", "empty-patch rate",
+              "infra failures", "attempts"]
+    return _table(header, rows)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    def row(cells: list[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    return [row(header), row(["---"] * len(header)), *(row(r) for r in rows)]
+
+
+def _fmt(value: Any) -> str:
+    if not is_number(value):
+        return "–"
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
+
+
+def _utc(timestamp: float) -> str:
+    try:
+        return datetime.fromtimestamp(timestamp, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError):     # a damaged line's time is shown, not fatal
+        return f"{timestamp!r} (not a time)"
+
+
+# ---------------------------------------------------------------- command line
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", type=Path, metavar="RUN", help="the run directory")
+    p.add_argument("--out", type=Path, metavar="DIR", help="where report.md and its PNGs go (default: RUN)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        path = write_report(args.run_dir, args.out)
+    except (RunDirError, RecordError) as e:
+        print(f"agentrl report: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"agentrl report: cannot write the report: {e}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="agentrl report", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    return run(p.parse_args(argv))

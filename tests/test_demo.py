@@ -1,0 +1,132 @@
+"""The embedded default, end to end: configs/tiny-local.yaml run by the local executor and by Slurm.
+
+Inference (the CPU stand-in with the tiny model), the pool (bwrap sandboxes, the builtin agent, the
+adapter) and the torch trainer, on the bundled tasks, for three rollouts.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc.runlayout import RunLayout
+
+pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (make sysdeps)")
+
+
+@pytest.fixture
+def demo_config(tiny_model, tmp_path) -> Path:
+    """configs/tiny-local.yaml with its assets where its relative paths look for them."""
+    (tmp_path / "configs").mkdir()
+    shutil.copy(ROOT / "configs/tiny-local.yaml", tmp_path / "configs/tiny-local.yaml")
+    assets = tmp_path / ".cache/demo"
+    assets.mkdir(parents=True)
+    (assets / "tiny-model").symlink_to(tiny_model)
+    subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(ROOT / "tasks"), "--out",
+                    str(assets / "prompts.jsonl")], check=True, capture_output=True, cwd=ROOT)
+    return tmp_path / "configs/tiny-local.yaml"
+
+
+def check_run(run_dir: Path) -> None:
+    run = RunLayout.open(run_dir)
+    assert run.latest_checkpoint() == 3
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["rollout"] for m in lines] == [0, 1, 2]
+    assert all(m["attempts"] == 8 and m["groups"] == 4 and m["metric_input_errors"] == 0 for m in lines)
+    assert [m.get("weight_version") for m in lines] == [1, 2, None]     # published after rollouts 0 and 1
+    assert final_state(run_dir) == "finished"
+
+
+def final_state(run_dir: Path) -> str | None:
+    """The run's end: the driver's end record (local, submitit), or the sbatch script's launch record."""
+    from hpc.launch.state import read_end, read_launch_record
+
+    run = RunLayout.open(run_dir)
+    end = read_end(run)
+    if end is not None:
+        return end.state
+    rec = read_launch_record(run)
+    return rec.state if rec is not None and rec.state in ("finished", "failed", "stopped") else None
+
+
+@pytest.mark.timeout(900)
+def test_demo_with_the_local_executor(demo_config, tmp_path):
+    run_dir = tmp_path / "runs/demo"
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "launch", str(demo_config), "--executor", "local",
+                        "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:] + "".join(p.read_text()[-2000:] for p in (run_dir / "logs").glob("*"))
+    check_run(run_dir)
+    assert time.monotonic() - t0 < 600
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(900)
+def test_demo_on_the_local_slurm_cluster(slurm_env, demo_config, tmp_path):
+    run_dir = tmp_path / "runs/demo-slurm"
+    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "launch", str(demo_config), "--executor", "sbatch",
+                        "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env=slurm_env)
+    assert r.returncode == 0, r.stderr
+    deadline = time.monotonic() + 800
+    while final_state(run_dir) is None and time.monotonic() < deadline:
+        time.sleep(2)
+    logs = "".join(f"== {p.name}\n{p.read_text()[-2000:]}" for p in (run_dir / "logs").glob("*"))
+    assert final_state(run_dir) == "finished", logs
+    check_run(run_dir)
+    status = subprocess.run([sys.executable, "-m", "agentrl.cli", "status", str(run_dir)], capture_output=True,
+                            text=True, timeout=60, cwd=ROOT, env={**os.environ, **slurm_env})
+    assert "finished" in status.stdout
+
+
+@pytest.mark.timeout(900)
+def test_the_run_survives_kill_9_of_a_pool_worker_and_the_inference_server(demo_config, tmp_path):
+    import signal
+
+    import yaml
+
+    from hpc.ledger import Ledger
+
+    config = yaml.safe_load(demo_config.read_text())
+    config["pool"]["lease_s"] = 10          # a killed worker's claims come free quickly
+    demo_config.write_text(yaml.safe_dump(config))
+    run_dir = tmp_path / "runs/faults"
+    launch = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "launch", str(demo_config), "--executor", "local",
+                               "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:       # mid-run: rollout 1 open, some of it committed
+            ledger_dir = run_dir / "ledger"
+            if (ledger_dir / "ledger.json").exists():
+                ledger = Ledger(ledger_dir)
+                if ledger.current_generation(1) is not None and ledger.status(1).committed >= 2:
+                    break
+            time.sleep(0.2)
+        else:
+            pytest.fail("rollout 1 never got going")
+        killed = {}
+        for role in ("pool", "inference"):
+            record = json.loads((run_dir / f"launch/tasks/{role}-0.json").read_text())
+            os.kill(record["pid"], signal.SIGKILL)
+            killed[role] = record["pid"]
+        out, err = launch.communicate(timeout=900)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+    assert launch.returncode == 0, err.decode()[-3000:]
+    check_run(run_dir)          # every rollout trained on all 8 attempts: no group lost
+    for role, pid in killed.items():
+        record = json.loads((run_dir / f"launch/tasks/{role}-0.json").read_text())
+        assert record["restarts"] >= 1 and record["pid"] != pid, record
+    ledger = Ledger(run_dir / "ledger")
+    for r in range(3):
+        commits = ledger.commits(r)
+        assert len(commits) == 8            # one commit per (group, attempt): nothing trained twice

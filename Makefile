@@ -34,7 +34,7 @@ venv: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e '.[dev,train,mpi,megatron]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,train,mpi,megatron,wandb]'
 	touch $@
 
 # Claude Code and Qwen Code at pinned versions, for the harness tests (needs npm)

@@ -209,10 +209,14 @@ def test_unprivileged_the_runtime_says_it_needs_root():
 
 def _unprivileged_start(tmp_path):
     tmp_path.chmod(0o777)
+    # A copy nobody can read: the checkout may sit in a directory only root can enter.
+    shutil.copytree(Path(__file__).resolve().parents[1] / "hpc", tmp_path / "code/hpc",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(["chmod", "-R", "a+rX", str(tmp_path / "code")], check=True)
     script = tmp_path / "try.py"
     script.write_text(f"""
 import asyncio, sys
-sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+sys.path.insert(0, {str(tmp_path / "code")!r})
 from hpc.sandbox.base import SandboxError, SandboxSpec
 from hpc.sandbox.bwrap import BwrapSandbox
 try:

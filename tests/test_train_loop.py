@@ -33,7 +33,8 @@ def prompts(tmp_path_factory) -> Path:
 
 def config(tiny_model, prompts, **over):
     base = {"model": str(tiny_model), "prompt_data": str(prompts), "num_rollouts": 2, "rollout_batch_size": 3,
-            "n_samples_per_prompt": 2, "lr": 1e-3, "max_tokens_per_gpu": 256, "rollout_timeout_s": 60}
+            "n_samples_per_prompt": 2, "lr": 1e-3, "max_tokens_per_gpu": 256, "rollout_timeout_s": 60,
+            "tracking": {"wandb": "disabled"}}
     return load_train_config({**base, **over})
 
 
@@ -236,3 +237,16 @@ def test_colocated_servers_release_memory_only_after_the_rollout_closes(tiny_mod
     cycle = ["pause_generation", "release_memory_occupation", "resume_memory_occupation"]
     assert events == ["open 0", "close 0", *cycle, "update_weights_from_disk", "flush_cache", "continue_generation",
                       "open 1", "close 1", *cycle, "continue_generation"]   # no new weights after the last rollout
+
+
+def test_metrics_also_go_to_an_offline_wandb_run(tiny_model, prompts, tmp_path):
+    pytest.importorskip("wandb", reason="wandb is not installed (pip install -e .[wandb])")
+    run = RunLayout.create(tmp_path / "run")
+    with FakePool(run.root):
+        Trainer(run, config(tiny_model, prompts, num_rollouts=2, tracking={"wandb": "offline"})).train()
+    run_id = run.manifest().run_id
+    [data] = (run.root / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")   # `wandb sync` uploads it
+    # W&B's transaction log is protobuf: the logged metrics' names and the run's config are in it verbatim.
+    logged = data.read_bytes()
+    for key in (b"reward_mean", b"train/loss", b"pass@2", b"rollout_batch_size"):
+        assert key in logged, key

@@ -9,6 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from hpc.validation import problems
 
+from .tracking import TrackingConfig
+
 
 class TrainConfigError(ValueError):
     pass
@@ -62,6 +64,7 @@ class TrainConfig(BaseModel):
     evals_after_last: bool = False                       # publish weights after the last rollout too
     publish_timeout_s: float = Field(default=600.0, gt=0)
     colocated: bool = False     # inference shares the trainer's GPUs: it releases its memory while training
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)     # W&B, besides metrics.jsonl
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:

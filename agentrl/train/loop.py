@@ -14,7 +14,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from .checkpoint import TrainerState, load_latest, save_checkpoint
 from .config import TrainConfig
 from .publish import ColocatedInference, InferenceClient, publish_weights
 from .torch_backend import TorchPolicy, barrier, world
+from .tracking import NoTracker, Tracker, make_tracker
 
 log = logging.getLogger("agentrl.train")
 POLL_S = 1.0
@@ -43,6 +44,7 @@ class Trainer:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     inference_client: Callable[[str], InferenceClient] | None = None    # tests record the calls
+    tracker: Tracker = field(default_factory=NoTracker)
 
     def __post_init__(self) -> None:
         self.rank, self.world_size = world()
@@ -107,8 +109,14 @@ class Trainer:
                                   seed=cfg.seed)
             state = TrainerState(iteration=0, optimizer_steps=0, weight_version=0, prompt_source=source.state())
         policy.steps = state.optimizer_steps
-        for r in range(state.iteration, cfg.num_rollouts):
-            state = self.one_rollout(r, source, policy, state)
+        if self.rank == 0:
+            self.tracker = make_tracker(cfg.tracking, self.run.root, self.run.manifest().run_id,
+                                        cfg.model_dump(mode="json"))
+        try:
+            for r in range(state.iteration, cfg.num_rollouts):
+                state = self.one_rollout(r, source, policy, state)
+        finally:
+            self.tracker.close()
         return state
 
     def one_rollout(self, r: int, source: PromptSource, policy: TorchPolicy, state: TrainerState) -> TrainerState:
@@ -195,6 +203,7 @@ class Trainer:
         if self.rank == 0:
             with open(self.run.metrics_path, "a") as f:
                 f.write(json.dumps({"kind": "train", "time": time.time(), **metrics}) + "\n")
+            self.tracker.log(metrics, step=metrics["rollout"])
             log.info("rollout %d: reward %.3f over %d attempts, %d samples; loss %.4f; %.1fs rollout, %.1fs train",
                      metrics["rollout"], metrics["reward_mean"], metrics["attempts"], metrics["samples"],
                      metrics.get("train/loss", float("nan")), metrics["rollout_s"], metrics["train_s"])

@@ -110,6 +110,16 @@ def read_end(layout: RunLayout) -> EndRecord | None:
     return read_record(path, EndRecord) if path.exists() else None
 
 
+def final_state(layout: RunLayout) -> str | None:
+    """How the run ended (finished, failed, stopped), or None while it has not: the driver's end
+    record (local, submitit), else the state the sbatch script wrote when its trainer ended."""
+    end = read_end(layout)
+    if end is not None:
+        return end.state
+    rec = read_launch_record(layout)
+    return rec.state if rec is not None and rec.state in ("finished", "failed", "stopped") else None
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m hpc.launch.state RUN STATE [MESSAGE]`: how an sbatch script records its run's state."""
     import argparse

@@ -1,7 +1,8 @@
 """Acceptance: the whole loop on the local Slurm cluster with Claude Code as the harness.
 
 Roles as Slurm steps: a scripted inference server (its token choices come from a script; it
-alternates a fixing and a non-fixing shell call), a pool running Claude Code in bubblewrap
+alternates a fixing and a non-fixing shell call, so each rollout's one group of four attempts
+gets rewards 1 and 0 and a nonzero advantage), a pool running Claude Code in bubblewrap
 sandboxes through the adapter, and the torch trainer, for three training steps. Every trained
 token must be a token the model sampled, in the order it was sampled.
 """
@@ -64,8 +65,8 @@ def test_three_training_steps_with_claude_code_on_slurm(slurm_env, tiny_model, t
                                 "mem_per_task_mb": 3000, "restart": {"policy": "restart", "max_restarts": 2}},
                        "trainer": {"command": ["agentrl", "train"], "partition": "cpu", "cpus_per_task": 2,
                                    "mem_per_task_mb": 3000, "restart": {"policy": "fail-run"}}}},
-        "train": {"model": str(tiny_model), "prompt_data": str(prompts), "num_rollouts": 3, "rollout_batch_size": 2,
-                  "n_samples_per_prompt": 2, "lr": 1e-3, "max_tokens_per_gpu": 131072, "publish_every": 100,
+        "train": {"model": str(tiny_model), "prompt_data": str(prompts), "num_rollouts": 3, "rollout_batch_size": 1,
+                  "n_samples_per_prompt": 4, "lr": 1e-3, "max_tokens_per_gpu": 131072, "publish_every": 100,
                   "rollout_timeout_s": 600, "tracking": {"wandb": "disabled"}},
         "pool": {"harness": "claude_code", "max_agents": 2, "max_booting": 2, "max_context": 131072,
                  "max_new_tokens": 2048, "lease_s": 120, "tools_dir": str(tmp_path / "tools")},

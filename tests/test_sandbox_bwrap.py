@@ -187,7 +187,10 @@ def test_network_only_the_own_adapter_is_reachable(repo, tmp_path):
 def test_command_lines():
     spec = SandboxSpec(workdir="/work", ro_binds={"/opt/tools": "/tools"}, adapter_socket="/run/x.sock")
     argv = bwrap_argv(spec, workdir_host="/scratch/w", etc_host="/scratch/etc", rootfs_host=None)
-    assert argv[:2] == ["bwrap", "--unshare-all"] and "--clearenv" in argv and "--die-with-parent" in argv
+    assert argv[0] == "bwrap" and "--clearenv" in argv and "--die-with-parent" in argv
+    # every namespace but a user namespace (see test_the_agent_can_write_its_home_and_tmp)
+    assert {"--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"} <= set(argv)
+    assert not {"--unshare-all", "--unshare-user", "--unshare-user-try"} & set(argv)
     assert ["--bind", "/scratch/w", "/work"] == argv[argv.index("/scratch/w") - 1:argv.index("/scratch/w") + 2]
     assert ["--ro-bind", "/opt/tools", "/tools"] == argv[argv.index("/opt/tools") - 1:argv.index("/opt/tools") + 2]
     assert "/run/agentrl/adapter.sock" in argv
@@ -227,3 +230,21 @@ except SandboxError as e:
     r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
                         str(script)], capture_output=True, text=True, timeout=60)
     assert "needs root" in r.stdout and "sandbox.runtime: apptainer" in r.stdout, r.stderr
+
+
+@pytest.mark.parametrize("image", ["host", "rootfs"])
+def test_the_agent_can_write_its_home_and_tmp(image, tmp_path):
+    """CLIs keep state in HOME and /tmp; in mounts a user namespace owns, uid 1000 gets EOVERFLOW."""
+    spec = SandboxSpec()
+    if image == "rootfs":
+        from hpc.images.hostroot import build_host_rootfs
+        build_host_rootfs(tmp_path / "rootfs")
+        spec = SandboxSpec(rootfs=str(tmp_path / "rootfs"))
+
+    async def go():
+        async with BwrapSandbox(spec) as sb:
+            return await sb.exec("mkdir -p $HOME/.cli /tmp/cli-1000 && echo x > $HOME/.cli/state && "
+                                 "echo y > /tmp/cli-1000/f && stat -c %U:%a $HOME /tmp", cwd="/")
+    r = run(go())
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.decode().split() == ["agent:755", "root:1777"]

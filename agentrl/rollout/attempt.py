@@ -135,6 +135,11 @@ async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt
         result = ctx.adapter.sessions.finish(key)
         key = None
         stats = result["stats"]
+        if run.exit_code != 0 and not stats["turns"]:
+            # It never reached the model: a CLI that cannot start (a broken tools install, an image it
+            # cannot run in) is not the agent's doing, and there would be nothing to train on anyway.
+            raise InfraError(f"the agent exited {run.exit_code} before calling the model: "
+                             f"{run.stderr.decode(errors='replace').strip()[-800:]}")
         if run.exit_code != 0 and (stats.get("upstream_errors") or stats.get("upstream_aborts")):
             raise InfraError(f"the agent exited {run.exit_code} after {stats.get('upstream_errors', 0)} model-server "
                              f"errors: the model server, not the agent, failed")

@@ -41,7 +41,8 @@ def rollout_batch(groups: Mapping[int, Sequence[Sample]], *, std_normalize: bool
     """The samples of the complete groups, in (group, attempt) order, with GRPO advantages."""
     samples = [s for g in sorted(groups) for s in sorted(groups[g], key=lambda s: s.attempt)]
     if not samples:
-        raise ValueError("the rollout has no samples: no group completed")
+        raise ValueError(f"the rollout has no samples: {len(groups)} complete groups, none with a sample "
+                         "(no group completed, or every attempt ended before its agent called the model)")
     attempt = [(s.group_index, s.attempt) for s in samples]
     adv = grpo_advantages([s.reward for s in samples], [s.group_index for s in samples],
                           [s.attempt for s in samples], std_normalize=std_normalize)

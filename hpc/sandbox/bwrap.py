@@ -59,10 +59,13 @@ def write_minimal_etc(etc: Path) -> None:
 
 
 def bwrap_argv(spec: SandboxSpec, *, workdir_host: str | None, etc_host: str | None,
-               rootfs_host: str | None) -> list[str]:
+               rootfs_host: str | None, home_host: str | None = None) -> list[str]:
     """The bwrap command line (pure: paths on the host are given)."""
-    argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
-            "--hostname", "sandbox"]
+    # Every namespace but the user namespace (--unshare-all would add one): mounts bwrap makes
+    # inside a user namespace belong to it, and the agent's uid, unmapped there, gets EOVERFLOW
+    # creating files in them (Claude Code could not make its /tmp/claude-1000).
+    argv = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session", "--clearenv", "--hostname", "sandbox"]
     if rootfs_host:
         # The image's own copy-on-write layer: writable, so that bwrap can make its mount
         # points (/proc, /run/agentrl, the workdir) and the agent can install packages.
@@ -74,20 +77,27 @@ def bwrap_argv(spec: SandboxSpec, *, workdir_host: str | None, etc_host: str | N
                 argv += ["--symlink", os.readlink(f"/{d}"), f"/{d}"]
             elif os.path.isdir(f"/{d}"):
                 argv += ["--ro-bind", f"/{d}", f"/{d}"]
-        argv += ["--ro-bind", etc_host, "/etc", "--dir", "/root", "--dir", "/home/agent"]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/run/agentrl"]
+        argv += ["--ro-bind", etc_host, "/etc", "--dir", "/root"]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp", "--dir", "/run/agentrl"]
+    if home_host:      # the agent's HOME: its own, writable (CLIs keep settings and state there)
+        argv += [*_parents("/home/agent"), "--bind", home_host, "/home/agent"]
+    elif not rootfs_host:
+        argv += ["--dir", "/home/agent"]
     if workdir_host:
         argv += ["--bind", workdir_host, spec.workdir]
     elif rootfs_host:
         argv += ["--dir", spec.workdir]
     for host, inside in spec.ro_binds.items():
-        # Parents bwrap has to make would be 0700 (root's): the agent (uid 1000) could not pass them.
-        for parent in reversed(PurePosixPath(inside).parents[:-1]):
-            argv += ["--perms", "0755", "--dir", str(parent)]
-        argv += ["--ro-bind", host, inside]
+        argv += [*_parents(inside), "--ro-bind", host, inside]
     if spec.adapter_socket:
         argv += ["--bind", spec.adapter_socket, SOCKET_IN_SANDBOX]
     return [*argv, "--info-fd", "3", "--", "sleep", "infinity"]
+
+
+def _parents(inside: str) -> list[str]:
+    # Parents bwrap has to make for a mount point would be 0700: the agent (uid 1000) could not pass them.
+    return [arg for parent in reversed(PurePosixPath(inside).parents[:-1])
+            for arg in ("--perms", "0755", "--dir", str(parent))]
 
 
 def nsenter_argv(init_pid: int, user: str, cwd: str, command: list[str]) -> list[str]:
@@ -132,7 +142,11 @@ class BwrapSandbox(SandboxContext):
             if not spec.rootfs:
                 etc_host = str(self._scratch / "etc")
                 write_minimal_etc(Path(etc_host))
-            argv = bwrap_argv(spec, workdir_host=workdir_host, etc_host=etc_host, rootfs_host=rootfs_host)
+            home = self._scratch / "home"
+            home.mkdir(mode=0o755)
+            os.chown(home, AGENT_UID, AGENT_GID)
+            argv = bwrap_argv(spec, workdir_host=workdir_host, etc_host=etc_host, rootfs_host=rootfs_host,
+                              home_host=str(home))
             setup = [cmd for layer in self._layers for cmd in (layer.setup or [])]
             if setup:
                 # Overlays mounted in a mount namespace of the sandbox's own (which bwrap's nests in):

@@ -12,7 +12,7 @@ test: sysdeps venv cluster-up clis
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # The whole loop on this machine (configs/tiny-local.yaml): CPU inference with a tiny model, bubblewrap
-# sandboxes, the builtin agent, the bundled tasks, the torch trainer; then the run's report.
+# sandboxes, the builtin agent, the bundled tasks, the torch trainer; then each checkpoint's eval and the report.
 DEMO_RUN ?= runs/demo
 demo: sysdeps venv
 	@test ! -e $(DEMO_RUN) || { echo "$(DEMO_RUN) exists: remove it, or run make demo DEMO_RUN=runs/another"; exit 1; }
@@ -20,6 +20,7 @@ demo: sysdeps venv
 	@test -f .cache/demo/tiny-model/agentrl_tiny.json || $(BIN)/python tools/make_tiny_model.py .cache/demo/tiny-model
 	$(BIN)/agentrl convert harbor tasks --out .cache/demo/prompts.jsonl
 	$(BIN)/agentrl launch configs/tiny-local.yaml --executor local --run-dir $(DEMO_RUN)
+	$(BIN)/agentrl eval --watch $(DEMO_RUN) --until-done
 	$(BIN)/agentrl report $(DEMO_RUN)
 
 # Everything that needs neither root nor Slurm (a cluster login node).

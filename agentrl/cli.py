@@ -121,6 +121,15 @@ def _add_report_parser(sub) -> None:
     r.set_defaults(func=render.run)
 
 
+def _add_eval_parser(sub) -> None:
+    from .eval import cli as eval_cli
+
+    e = sub.add_parser("eval", help="score checkpoints: one, or each of a run as it lands (--watch)",
+                       description=eval_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    eval_cli.add_arguments(e)
+    e.set_defaults(func=eval_cli.run)
+
+
 def _add_tasks_parser(sub) -> None:
     t = sub.add_parser("tasks", help="check a task set before training on it")
     t_sub = t.add_subparsers(dest="tasks_command", required=True)
@@ -173,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pool_parser(sub)
     _add_serve_parser(sub)
     _add_report_parser(sub)
+    _add_eval_parser(sub)
     return p
 
 

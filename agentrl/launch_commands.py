@@ -98,7 +98,38 @@ def status(args: argparse.Namespace) -> int:
         up = "yes" if t.state == "running" and (task_role(t.role), t.index) in alive else "no"
         code = "" if t.exit_code is None else str(t.exit_code)
         print(f"{t.role + '-' + str(t.index):<16} {t.state:<8} {up:<4} {t.restarts:>8} {code:>5} {t.node:<10}")
+    for line in _progress(layout):
+        print(line)
     return 0
+
+
+def _progress(layout: RunLayout) -> list[str]:
+    """The training side of a run: its newest rollout, checkpoint and eval."""
+    import json
+
+    from hpc.ledger import Ledger
+
+    lines = []
+    if (layout.ledger_dir / "ledger.json").exists():
+        ledger = Ledger(layout.ledger_dir)
+        rollouts = ledger.rollouts()
+        if rollouts:
+            st = ledger.status(rollouts[-1])
+            lines.append(f"rollout {st.rollout_id}: {'closed' if st.closed else 'open'}, "
+                         f"{len(st.complete_groups)} groups complete; attempts {st.committed} committed, "
+                         f"{st.claimed} running, {st.pending} pending, {st.failed} failed, of {st.total}")
+    latest = layout.latest_checkpoint()
+    lines.append(f"latest checkpoint: {f'iter_{latest}' if latest is not None else 'none yet'}")
+    scored = sorted((int(p.parent.name.removeprefix("iter_")), p) for p in layout.root.glob("eval/iter_*/summary.json")
+                    if p.parent.name.removeprefix("iter_").isdigit())
+    if scored:
+        n, path = scored[-1]
+        summary = json.loads(path.read_text())
+        lines.append(f"last eval: iter_{n}, pass@1 {summary.get('pass@1')}, pass@{summary.get('k')} "
+                     f"{summary.get('pass@k')} over {summary.get('attempts')} attempts")
+    else:
+        lines.append("last eval: none yet")
+    return lines
 
 
 def stop(args: argparse.Namespace) -> int:

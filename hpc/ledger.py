@@ -370,6 +370,11 @@ class Ledger:
                              len(spec.groups) * spec.attempts, counts.committed, counts.claimed,
                              counts.pending, counts.failed, counts.complete_groups)
 
+    def failures(self, rollout_id: int) -> int:
+        """How many tries of the rollout's current generation failed (each retried, or the last one)."""
+        _gen, gen_dir = self._current_dir(rollout_id)
+        return len(_parse_names(os.listdir(gen_dir / "fails"), 3))
+
     def commits(self, rollout_id: int, groups: Iterable[int] | None = None) -> dict[Key, CommitRecord]:
         """The commit records of the rollout's current generation (optionally of some groups)."""
         gen, gen_dir = self._current_dir(rollout_id)

@@ -59,7 +59,18 @@ def test_demo_with_the_local_executor(demo_config, tmp_path):
                         "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:] + "".join(p.read_text()[-2000:] for p in (run_dir / "logs").glob("*"))
     check_run(run_dir)
+    # what make demo does next: score every checkpoint, then the report
+    for cmd in (["eval", "--watch", str(run_dir), "--until-done"], ["report", str(run_dir)]):
+        r = subprocess.run([sys.executable, "-m", "agentrl.cli", *cmd], capture_output=True, text=True, timeout=600,
+                           cwd=ROOT)
+        assert r.returncode == 0, r.stderr[-3000:]
     assert time.monotonic() - t0 < 600
+    for n in (1, 2, 3):
+        assert json.loads((run_dir / f"eval/iter_{n}/summary.json").read_text())["attempts"] == 16   # 8 tasks x 2
+    report = (run_dir / "report.md").read_text()
+    pngs = sorted(p.name for p in run_dir.glob("*.png"))
+    assert "eval.png" in pngs and "reward.png" in pngs and all(f"({name})" in report for name in pngs)
+    assert "| iter_3" in report or "iter_3" in report
 
 
 @pytest.mark.slurm
@@ -78,7 +89,8 @@ def test_demo_on_the_local_slurm_cluster(slurm_env, demo_config, tmp_path):
     check_run(run_dir)
     status = subprocess.run([sys.executable, "-m", "agentrl.cli", "status", str(run_dir)], capture_output=True,
                             text=True, timeout=60, cwd=ROOT, env={**os.environ, **slurm_env})
-    assert "finished" in status.stdout
+    assert "finished" in status.stdout and "latest checkpoint: iter_3" in status.stdout
+    assert "rollout 2: closed, 4 groups complete; attempts 8 committed" in status.stdout
 
 
 @pytest.mark.timeout(900)

@@ -80,7 +80,9 @@ def buffer_samples(result: Mapping[str, Any], *, reward: float, group: int, atte
     return out
 
 
-async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt: int) -> AttemptOutcome:
+async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt: int,
+                      sampling: Mapping[str, Any] | None = None) -> AttemptOutcome:
+    """One attempt; `sampling` (a per-attempt seed, say) replaces the context's sampling values."""
     cfg, spec = ctx.cfg, task.spec
     harness = get_harness(cfg.harness)
     if spec.timeouts and cfg.agent_timeout_s:
@@ -107,7 +109,7 @@ async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt
                     raise InfraError(f"sandbox: {e}") from None
             timings["boot_s"] = time.monotonic() - t0
 
-            session = ctx.adapter.sessions.open(sampling=ctx.sampling,
+            session = ctx.adapter.sessions.open(sampling=dict(sampling or ctx.sampling),
                                                 metadata={"group": group, "attempt": attempt, "task": spec.instance_id})
             key = session.key
             command = harness.command(HarnessRun(

@@ -1,0 +1,44 @@
+"""The eval role's configuration (the `eval:` section of a run config), validated in one place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from hpc.validation import problems
+
+from ..rollout.config import PoolConfig
+
+
+class EvalConfigError(ValueError):
+    pass
+
+
+class EvalConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tasks: Path                                   # prompt JSONL (agentrl convert harbor) or Harbor task dirs
+    n_samples: int = Field(default=4, gt=0)       # attempts per task: pass@1 .. pass@n
+    temperature: float = Field(default=1.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    seed: int = Field(default=0, ge=0)            # with the CPU engine, the same seed gives the same results
+    engine: Literal["cpu", "sglang"] = "cpu"
+    sglang: dict[str, Any] = Field(default_factory=dict)    # SGLangConfig fields (hpc/inference/sglang.py)
+    max_tries: int = Field(default=3, gt=0)       # per attempt, for infrastructure failures
+    poll_s: float = Field(default=10.0, gt=0)     # --watch: how often to look for new checkpoints
+    # sandboxes, harness and agent, as the pool has them; eval's prompt style is its own
+    pool: PoolConfig = Field(default_factory=PoolConfig)
+
+    def resolved(self, base: Path) -> EvalConfig:
+        tasks = self.tasks if self.tasks.is_absolute() else base / self.tasks
+        return self.model_copy(update={"tasks": tasks, "pool": self.pool.resolved(base)})
+
+
+def load_eval_config(data: Any, source: str = "eval") -> EvalConfig:
+    try:
+        return EvalConfig.model_validate(data or {})
+    except ValidationError as e:
+        raise EvalConfigError("\n".join(f"{source}.{field}: {msg}" if field else f"{source}: {msg}"
+                                        for field, msg in problems(e))) from None

@@ -1,0 +1,222 @@
+"""Scoring one checkpoint: every task n times, graded, into eval/iter_<n>/ (results.jsonl, summary.json).
+
+    eval/iter_<n>/ledger/          which (task, attempt) is claimed or done: a killed eval resumes without
+                                   redoing finished attempts, and two evaluators never run the same one
+    eval/iter_<n>/attempts/<t>-<a>.json   one attempt's result (written whole, once)
+    eval/iter_<n>/results.jsonl    one line per attempt, sorted, no timings: the same checkpoint, tasks
+                                   and seed give the same file
+    eval/iter_<n>/summary.json     pass@1, pass@k, empty patches, infra failures, timings, the config;
+                                   written last: an iteration with it is scored
+
+The model is served for the duration by an inference server on the checkpoint's HF export (the CPU
+stand-in, or SGLang on a GPU node) and an adapter of the evaluator's own, on an ephemeral port and a
+Unix socket in its scratch directory: never a fixed port that a training adapter may claim later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hpc.fsio import write_atomic, write_new
+from hpc.ledger import Claim, Ledger, StaleGeneration
+
+from ..adapter.serve import AdapterServer
+from ..adapter.service import Adapter, AdapterConfig
+from ..harness import get_harness
+from ..rollout.attempt import InfraError, PoolContext, run_attempt
+from ..rollout.metrics import pass_at_k
+from ..swe.check import LoadedTask
+from .config import EvalConfig
+
+log = logging.getLogger("agentrl.eval")
+RESULT_KEYS = ("task", "attempt", "reward", "exit_code", "agent_timed_out", "empty_patch", "patch_bytes", "turns",
+               "tool_calls")
+
+
+def attempt_seed(seed: int, task: str, attempt: int) -> int:
+    """A sampling seed per (task, attempt): the same whatever order or evaluator runs it."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{task}/{attempt}".encode()).digest()[:4], "little")
+
+
+@contextmanager
+def model_server(cfg: EvalConfig, model_dir: Path, iteration: int, logs: Path):
+    """An inference server on the checkpoint for the duration; its URL."""
+    if cfg.engine == "cpu":
+        from hpc.inference.cpu_server import Engine, ServerThread
+
+        with ServerThread(Engine(model_dir, weight_version=str(iteration), random_seed=cfg.seed)) as server:
+            yield server.url
+        return
+    from hpc.inference.sglang import ServerProcess, SGLangConfig, launch_command
+
+    sglang = SGLangConfig(**{**cfg.sglang, "model_path": model_dir, "port": _free_port(), "host": "127.0.0.1",
+                             "weight_version": str(iteration)})
+    with ServerProcess(launch_command(sglang), host=sglang.host, port=sglang.port,
+                       log_path=logs / f"eval-sglang-{iteration}.log") as server:
+        server.start()
+        yield f"http://127.0.0.1:{sglang.port}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class CheckpointEval:
+    def __init__(self, out_dir: Path, cfg: EvalConfig, tasks: Sequence[LoadedTask], iteration: int,
+                 worker_id: str | None = None):
+        self.out, self.cfg, self.tasks, self.iteration = Path(out_dir), cfg, list(tasks), iteration
+        self.worker_id = worker_id or f"eval-{socket.gethostname()}-{os.getpid()}"
+        self.attempts_dir = self.out / "attempts"
+
+    @property
+    def done(self) -> bool:
+        return (self.out / "summary.json").exists()
+
+    def ledger(self) -> Ledger:
+        """The iteration's ledger, opened exactly once whoever gets here first."""
+        self.attempts_dir.mkdir(parents=True, exist_ok=True)
+        ledger = Ledger(self.out / "ledger")
+        # An open is a new generation, which would orphan another evaluator's claims: the first one opens.
+        marker = json.dumps({"tasks": [t.spec.instance_id for t in self.tasks], "n": self.cfg.n_samples}).encode()
+        if write_new(self.out / "opened.json", marker):
+            ledger.open_rollout(0, list(range(len(self.tasks))), self.cfg.n_samples, self.cfg.max_tries)
+        else:
+            while ledger.current_generation(0) is None:       # the opener is between its two steps
+                time.sleep(0.05)
+            found = json.loads((self.out / "opened.json").read_text())
+            if found != json.loads(marker):
+                raise ValueError(f"{self.out} was opened for other tasks or n ({len(found['tasks'])} tasks, "
+                                 f"n={found['n']}): use another --out, or the same task set")
+        return ledger
+
+    async def run(self, model_dir: Path) -> dict[str, Any]:
+        cfg, pool = self.cfg, self.cfg.pool
+        ledger = self.ledger()
+        logs = self.out / "logs"
+        logs.mkdir(exist_ok=True)
+        harness = get_harness(pool.harness)
+        tools = pool.tools_dir or Path.home() / ".cache" / "agentrl" / "tools"
+        await asyncio.to_thread(harness.install, tools)
+        sock_dir = Path(pool.scratch_dir or "/tmp") / f"agentrl-{self.worker_id}"
+        sock_dir.mkdir(parents=True, exist_ok=True)
+        sock_dir.chmod(0o755)
+        with model_server(cfg, model_dir, self.iteration, logs) as url:
+            adapter = Adapter(AdapterConfig(tokenizer=model_dir, upstreams=[url], tool_parser=pool.tool_parser,
+                                            reasoning_parser=pool.reasoning_parser, max_context=pool.max_context,
+                                            max_new_tokens=pool.max_new_tokens, model_name=pool.model_name))
+            server = AdapterServer(adapter, port=0, uds=str(sock_dir / "adapter.sock"))
+            serving = asyncio.ensure_future(server.serve())
+            try:
+                ctx = PoolContext(pool, adapter, str(sock_dir / "adapter.sock"), tools,
+                                  asyncio.Semaphore(pool.max_booting), asyncio.Semaphore(pool.max_agents), {})
+                await self._attempts(ledger, ctx)
+            finally:
+                server.request_stop()
+                await serving
+        return self.summarize(ledger)
+
+    async def _attempts(self, ledger: Ledger, ctx: PoolContext) -> None:
+        slots = asyncio.Semaphore(self.cfg.pool.max_agents + self.cfg.pool.max_booting)
+        running: set[asyncio.Task] = set()
+        while True:
+            st = await asyncio.to_thread(ledger.status, 0)
+            if st.committed + st.failed >= st.total and not running:
+                return
+            await slots.acquire()
+            claim = await asyncio.to_thread(ledger.claim, self.worker_id, self.cfg.pool.lease_s, 0)
+            if claim is None:
+                slots.release()
+                await asyncio.sleep(0.2 if running else self.cfg.pool.poll_s)
+                continue
+            task = asyncio.create_task(self._one(ledger, ctx, claim))
+            running.add(task)
+            task.add_done_callback(lambda t: (running.discard(t), slots.release()))
+
+    async def _one(self, ledger: Ledger, ctx: PoolContext, claim: Claim) -> None:
+        task = self.tasks[claim.group]
+        name = task.spec.instance_id
+        sampling = {"temperature": self.cfg.temperature, "top_p": self.cfg.top_p,
+                    "max_new_tokens": self.cfg.pool.max_new_tokens,
+                    "sampling_seed": attempt_seed(self.cfg.seed, name, claim.attempt)}
+        beat = asyncio.create_task(self._heartbeat(ledger, claim))
+        try:
+            outcome = await run_attempt(ctx, task, group=claim.group, attempt=claim.attempt, sampling=sampling)
+        except InfraError as e:
+            log.warning("%s attempt %d: infrastructure failure, to be retried: %s", name, claim.attempt, e)
+            await asyncio.to_thread(ledger.fail, claim, str(e))
+            return
+        except Exception as e:   # noqa: BLE001 - one attempt never stops the evaluation
+            log.exception("%s attempt %d: unexpected error", name, claim.attempt)
+            await asyncio.to_thread(ledger.fail, claim, repr(e))
+            return
+        finally:
+            beat.cancel()
+        md = outcome.metadata
+        result = {"task": name, "attempt": claim.attempt, "reward": outcome.reward,
+                  **{k: md.get(k) for k in RESULT_KEYS[3:]}, "timings": outcome.timings}
+        ref = f"attempts/{claim.group}-{claim.attempt}-{claim.try_index}.json"
+        await asyncio.to_thread(write_new, self.out / ref, json.dumps(result).encode())
+        try:
+            await asyncio.to_thread(ledger.commit, claim, ref)
+        except StaleGeneration:
+            pass
+        log.info("%s attempt %d: reward %g", name, claim.attempt, outcome.reward)
+
+    async def _heartbeat(self, ledger: Ledger, claim: Claim) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.pool.lease_s / 3)
+            try:
+                await asyncio.to_thread(ledger.heartbeat, claim)
+            except StaleGeneration:
+                return
+
+    def summarize(self, ledger: Ledger) -> dict[str, Any]:
+        """results.jsonl and summary.json from the committed attempts (the summary last)."""
+        st = ledger.status(0)
+        results = [json.loads((self.out / c.ref).read_text()) for _, c in sorted(ledger.commits(0).items())]
+        lines = [json.dumps({k: r[k] for k in RESULT_KEYS}, sort_keys=True)
+                 for r in sorted(results, key=lambda r: (r["task"], r["attempt"]))]
+        write_atomic(self.out / "results.jsonl", ("\n".join(lines) + "\n").encode())
+        by_task: dict[str, list[float]] = {}
+        for r in results:
+            by_task.setdefault(r["task"], []).append(r["reward"])
+        n = self.cfg.n_samples
+        complete = [v for v in by_task.values() if len(v) == n]
+        summary: dict[str, Any] = {
+            "iteration": self.iteration, "k": n, "tasks": len(self.tasks), "attempts": len(results),
+            "attempts_failed": st.failed, "infra_failures": ledger.failures(0),
+            "pass@1": float(np.mean([r["reward"] > 0 for r in results])) if results else None,
+            f"pass@{n}": float(np.mean([pass_at_k(n, sum(x > 0 for x in v), n) for v in complete]))
+            if complete else None,
+            "empty_patch_rate": float(np.mean([r["empty_patch"] not in (None, "not_triggered") for r in results]))
+            if results else None,
+            "timings": {k: float(np.mean([r["timings"][k] for r in results if k in r["timings"]]))
+                        for k in ("boot_s", "agent_s", "grade_s") if any(k in r["timings"] for r in results)},
+            "config": json.loads(self.cfg.model_dump_json()),
+        }
+        summary["pass@k"] = summary[f"pass@{n}"]
+        write_atomic(self.out / "summary.json", json.dumps(summary, indent=1).encode())
+        return summary
+
+
+async def score(out_dir: Path, model_dir: Path, cfg: EvalConfig, tasks: Sequence[LoadedTask],
+                iteration: int) -> dict[str, Any]:
+    """Score (or finish scoring) one checkpoint; returns its summary (read back if it was done)."""
+    ev = CheckpointEval(out_dir, cfg, tasks, iteration)
+    if ev.done:
+        return json.loads((ev.out / "summary.json").read_text())
+    return await ev.run(model_dir)

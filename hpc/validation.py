@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import ValidationError
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
 
 
 def problems(e: ValidationError, unknown_key: str = "unknown key (a typo?)") -> list[tuple[str, str]]:
@@ -13,3 +17,12 @@ def problems(e: ValidationError, unknown_key: str = "unknown key (a typo?)") -> 
         msg = unknown_key if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
         out.append((loc, msg))
     return out
+
+
+def validate_section(model: type[M], data: Any, source: str, error: type[Exception]) -> M:
+    """A config section as `model`; `error` lists every problem as `source.field: problem`."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise error("\n".join(f"{source}.{field}: {msg}" if field else f"{source}: {msg}"
+                               for field, msg in problems(e))) from None

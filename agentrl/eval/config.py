@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from hpc.validation import problems
+from hpc.validation import validate_section
 
 from ..rollout.config import PoolConfig
 
@@ -37,8 +37,4 @@ class EvalConfig(BaseModel):
 
 
 def load_eval_config(data: Any, source: str = "eval") -> EvalConfig:
-    try:
-        return EvalConfig.model_validate(data or {})
-    except ValidationError as e:
-        raise EvalConfigError("\n".join(f"{source}.{field}: {msg}" if field else f"{source}: {msg}"
-                                        for field, msg in problems(e))) from None
+    return validate_section(EvalConfig, data or {}, source, EvalConfigError)

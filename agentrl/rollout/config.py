@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from hpc.validation import problems
+from hpc.validation import validate_section
 
 
 class PoolConfigError(ValueError):
@@ -52,8 +52,4 @@ class PoolConfig(BaseModel):
 
 
 def load_pool_config(data: Any, source: str = "pool") -> PoolConfig:
-    try:
-        return PoolConfig.model_validate(data or {})
-    except ValidationError as e:
-        raise PoolConfigError("\n".join(f"{source}.{field}: {msg}" if field else f"{source}: {msg}"
-                                        for field, msg in problems(e))) from None
+    return validate_section(PoolConfig, data or {}, source, PoolConfigError)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from hpc.validation import problems
+from hpc.validation import validate_section
 
 from .tracking import TrackingConfig
 
@@ -81,8 +81,4 @@ class TrainConfig(BaseModel):
 
 
 def load_train_config(data: Any, source: str = "train") -> TrainConfig:
-    try:
-        return TrainConfig.model_validate(data)
-    except ValidationError as e:
-        raise TrainConfigError("\n".join(f"{source}.{field}: {msg}" if field else f"{source}: {msg}"
-                                         for field, msg in problems(e))) from None
+    return validate_section(TrainConfig, data, source, TrainConfigError)

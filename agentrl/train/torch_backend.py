@@ -12,7 +12,6 @@ import shutil
 from contextlib import nullcontext
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -20,6 +19,7 @@ from torch import Tensor
 from .batch import RolloutBatch, StepPlan
 from .config import TrainConfig
 from .loss import policy_loss
+from .tensors import padded_tokens, response_slices, token_inputs
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "generation_config.json")
@@ -61,40 +61,13 @@ class TorchPolicy:
 
     # ------------------------------------------------------------ forward
 
-    def _inputs(self, batch: RolloutBatch, indices: list[int]) -> tuple[Tensor, Tensor]:
-        samples = [batch.samples[i] for i in indices]
-        length = max(len(s.tokens) for s in samples)
-        ids = torch.zeros(len(samples), length, dtype=torch.long)
-        mask = torch.zeros(len(samples), length, dtype=torch.long)
-        for row, s in enumerate(samples):
-            ids[row, :len(s.tokens)] = torch.from_numpy(s.tokens.astype(np.int64))
-            mask[row, :len(s.tokens)] = 1
-        return ids.to(self.device), mask.to(self.device)
-
     def response_logprobs(self, model: torch.nn.Module, batch: RolloutBatch, indices: list[int]) -> Tensor:
         """Log-probs of each sample's response tokens under `model`, flat over the micro-batch."""
-        ids, mask = self._inputs(batch, indices)
-        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float() / self.cfg.rollout_temperature
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-        pieces = []
-        for row, i in enumerate(indices):
-            s = batch.samples[i]
-            start = len(s.tokens) - s.response_length      # token t is predicted at position t - 1
-            pieces.append(logp[row, start - 1:len(s.tokens) - 1])
-        return torch.cat(pieces)
-
-    def _flat(self, batch: RolloutBatch, plan: StepPlan, indices: list[int]) -> dict[str, Tensor]:
-        def cat(values) -> Tensor:
-            return torch.from_numpy(np.concatenate(values)).to(self.device)
-        samples = [batch.samples[i] for i in indices]
-        return {
-            "advantages": cat([np.full(s.response_length, batch.advantages[i], np.float32)
-                               for i, s in zip(indices, samples, strict=True)]),
-            "loss_mask": cat([s.loss_mask.astype(np.float32) for s in samples]),
-            "rollout": cat([s.rollout_log_probs.astype(np.float32) for s in samples]),
-            "attempt": cat([np.full(s.response_length, plan.attempt_index[batch.attempt[i]], np.int64)
-                            for i, s in zip(indices, samples, strict=True)]),
-        }
+        ids = padded_tokens(batch, indices).to(self.device)
+        mask = (torch.arange(ids.shape[1]) < torch.tensor([len(batch.samples[i].tokens) for i in indices])[:, None])
+        logits = model(input_ids=ids, attention_mask=mask.long().to(self.device)).logits[:, :-1].float()
+        logp = torch.log_softmax(logits / self.cfg.rollout_temperature, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        return response_slices(logp, batch, indices)
 
     # ------------------------------------------------------------ one optimizer step
 
@@ -104,7 +77,7 @@ class TorchPolicy:
         totals: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
         for k, indices in enumerate(plan.micro_batches):
-            flat = self._flat(batch, plan, indices)
+            flat = {k: v.to(self.device) for k, v in token_inputs(batch, plan, indices).items()}
             old = flat["rollout"]
             if cfg.tis_cap is not None:      # the trainer's own behaviour policy, weighed against the sampler's
                 with torch.no_grad():

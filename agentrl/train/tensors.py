@@ -1,0 +1,41 @@
+"""A micro-batch as tensors, the same for every backend (pure: numpy in, CPU tensors out)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .batch import RolloutBatch, StepPlan
+
+
+def padded_tokens(batch: RolloutBatch, indices: list[int]) -> Tensor:
+    """The micro-batch's token ids, right-padded with 0 into [samples, longest]."""
+    samples = [batch.samples[i] for i in indices]
+    ids = torch.zeros(len(samples), max(len(s.tokens) for s in samples), dtype=torch.long)
+    for row, s in enumerate(samples):
+        ids[row, :len(s.tokens)] = torch.from_numpy(s.tokens.astype(np.int64))
+    return ids
+
+
+def response_slices(per_position: Tensor, batch: RolloutBatch, indices: list[int]) -> Tensor:
+    """Each sample's response entries of a [samples, positions] tensor over the next-token predictions."""
+    pieces = []
+    for row, i in enumerate(indices):
+        s = batch.samples[i]
+        start = len(s.tokens) - s.response_length      # token t is predicted at position t - 1
+        pieces.append(per_position[row, start - 1:len(s.tokens) - 1])
+    return torch.cat(pieces)
+
+
+def token_inputs(batch: RolloutBatch, plan: StepPlan, indices: list[int]) -> dict[str, Tensor]:
+    """policy_loss's per-token inputs, flat over the micro-batch's response tokens (on the CPU)."""
+    samples = [batch.samples[i] for i in indices]
+    return {
+        "advantages": torch.from_numpy(np.concatenate([np.full(s.response_length, batch.advantages[i], np.float32)
+                                                       for i, s in zip(indices, samples, strict=True)])),
+        "loss_mask": torch.from_numpy(np.concatenate([s.loss_mask.astype(np.float32) for s in samples])),
+        "rollout": torch.from_numpy(np.concatenate([s.rollout_log_probs.astype(np.float32) for s in samples])),
+        "attempt": torch.from_numpy(np.concatenate([np.full(s.response_length, plan.attempt_index[batch.attempt[i]],
+                                                            np.int64) for i, s in zip(indices, samples, strict=True)])),
+    }

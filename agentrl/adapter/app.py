@@ -1,11 +1,17 @@
 """The HTTP service: Anthropic and OpenAI endpoints, SSE streaming, session control routes.
 
 Every error is a JSON body in the caller's API's shape, never a 500 with a traceback: bad
-input is 400/413, an unknown key 401, a finished session 409, a failed model server 529
-(Anthropic) or 503 (OpenAI), which clients retry. A client that hangs up aborts its upstream
-request. Control routes (`/_agentrl/...`) need the control token, so that an agent, which
-can reach this service from its sandbox, cannot open, finish or drop sessions.
+input is 400/413 (limits.py checks a body before any work is done on it), an unknown key 401, a
+finished session 409, a failed model server 529 (Anthropic) or 503 (OpenAI), which clients
+retry. The shape follows the route: `/v1/messages...` answers Anthropic's
+(`{"type": "error", "error": {"type", "message"}}`), every other route, unknown ones and the
+control routes included, OpenAI's (`{"error": {"message", "type", "param", "code"}}`).
+A client that hangs up aborts its upstream request. Control routes (`/_agentrl/...`) need the
+control token, so that an agent, which can reach this service from its sandbox, cannot open,
+finish or drop sessions.
 
+The event loop only moves bytes: a large body is parsed in a worker thread, and every turn is
+rendered and tokenized in one (service.py), so a large request does not hold up the others.
 A turn is computed before its response starts, so that its status code can still say
 whether it failed; a streaming reply is then sent as SSE events.
 """
@@ -18,25 +24,37 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from . import wire
-from .service import Adapter, TurnResult
+from .limits import (
+    CONTROL_BODY_BYTES,
+    LARGE_BODY_BYTES,
+    OpenSession,
+    RequestError,
+    SessionKey,
+    check_conversation,
+    control_body,
+    gc_paused,
+    parse_json,
+    read_body,
+    release_memory,
+)
+from .service import Adapter, TurnResult, in_thread
 from .session import SessionError
 from .upstream import UpstreamError
 from .wire import Chat, WireError
 
 CONTROL_HEADER = "x-agentrl-control"
 _DISCONNECT_POLL_S = 0.25
-
-
-class _HTTPError(Exception):
-    def __init__(self, status: int, kind: str, message: str):
-        super().__init__(message)
-        self.status, self.kind, self.message = status, kind, message
+_INLINE_BODY_BYTES = 64 << 10    # smaller bodies are parsed on the event loop: a thread hop would cost more
+_LARGE_AT_ONCE = 2               # large bodies parsed at once: parsing is where a body's memory multiplies
 
 
 def anthropic_error(status: int, kind: str, message: str) -> JSONResponse:
@@ -44,23 +62,12 @@ def anthropic_error(status: int, kind: str, message: str) -> JSONResponse:
 
 
 def openai_error(status: int, kind: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": None}},
+                        status_code=status)
 
 
-async def _json_body(request: Request, limit: int) -> Any:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise _HTTPError(413, "request_too_large", f"the body is {declared} bytes; the limit is {limit}")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _HTTPError(413, "request_too_large", f"the body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-    try:
-        return json.loads(b"".join(chunks))
-    except ValueError as e:
-        raise _HTTPError(400, "invalid_request_error", f"the body is not valid JSON: {e}") from None
+def error_shape(path: str) -> Callable[[int, str, str], JSONResponse]:
+    return anthropic_error if path.startswith("/v1/messages") else openai_error
 
 
 def _api_key(request: Request) -> str | None:
@@ -96,32 +103,80 @@ def create_app(adapter: Adapter, control_token: str) -> FastAPI:
     app = FastAPI(title="agentrl adapter", docs_url=None, redoc_url=None, openapi_url=None)
     cfg = adapter.config
     stats = {"requests": 0, "errors": 0, "client_aborts": 0, "started": time.time()}
+    large = asyncio.Semaphore(_LARGE_AT_ONCE)
+
+    def translate(raw: bytes, to_chat: Callable[[Any], Chat]) -> Chat:
+        with gc_paused():
+            body = parse_json(raw, max_depth=cfg.max_json_depth, max_items=cfg.max_json_items)
+            try:
+                chat = to_chat(body)
+            finally:
+                del body     # freed here, in the pause, even when to_chat raises
+        check_conversation(chat.messages, chat.tools, max_messages=cfg.max_messages, max_chars=cfg.max_request_chars)
+        return chat
+
+    async def chat_of(request: Request, to_chat: Callable[[Any], Chat], cleanup: AsyncExitStack) -> Chat:
+        raw = await read_body(request, cfg.max_body_bytes)
+        if len(raw) < _INLINE_BODY_BYTES:
+            return translate(raw, to_chat)
+        if len(raw) >= LARGE_BODY_BYTES:
+            # Once the request is answered, give what it freed back to the OS (glibc would keep it).
+            cleanup.callback(lambda: asyncio.get_running_loop().run_in_executor(None, release_memory))
+            async with large:
+                return await in_thread(translate, raw, to_chat)
+        return await in_thread(translate, raw, to_chat)
 
     async def serve_turn(request: Request, to_chat: Callable[[Any], Chat], error: Callable[..., JSONResponse],
                          respond: Callable[[Chat, TurnResult], Response]) -> Response:
         stats["requests"] += 1
-        try:
-            session = adapter.sessions.get(_api_key(request))
-            chat = to_chat(await _json_body(request, cfg.max_body_bytes))
-            result = await _unless_disconnected(request, adapter.turn(session, chat))
-        except _HTTPError as e:
-            stats["errors"] += 1
-            return error(e.status, e.kind, e.message)
-        except SessionError as e:
-            stats["errors"] += 1
-            return error(e.status, e.kind, str(e))
-        except WireError as e:
-            stats["errors"] += 1
-            return error(400, "invalid_request_error", str(e))
-        except UpstreamError as e:
-            stats["errors"] += 1
-            return error(529 if error is anthropic_error else 503,
-                         "overloaded_error" if error is anthropic_error else "server_error",
-                         f"the model server failed; retry: {e}")
-        if result is None:
-            stats["client_aborts"] += 1
-            return Response(status_code=499)
-        return respond(chat, result)
+        async with AsyncExitStack() as cleanup:
+            try:
+                session = adapter.sessions.get(_api_key(request))
+                chat = await chat_of(request, to_chat, cleanup)
+                result = await _unless_disconnected(request, adapter.turn(session, chat))
+            except (RequestError, SessionError) as e:
+                stats["errors"] += 1
+                return error(e.status, e.kind, str(e))
+            except WireError as e:
+                stats["errors"] += 1
+                return error(400, "invalid_request_error", str(e))
+            except UpstreamError as e:
+                stats["errors"] += 1
+                return error(529 if error is anthropic_error else 503,
+                             "overloaded_error" if error is anthropic_error else "server_error",
+                             f"the model server failed; retry: {e}")
+            if result is None:
+                stats["client_aborts"] += 1
+                return Response(status_code=499)
+            return respond(chat, result)
+
+    # ------------------------------------------------------------ errors outside the routes
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        stats["errors"] += 1
+        path, method = request.url.path, request.method
+        if exc.status_code == 404:
+            kind, message = "not_found_error", (f"no route {method} {path}: the adapter serves POST /v1/messages, "
+                                                "POST /v1/chat/completions and GET /v1/models")
+        elif exc.status_code == 405:
+            kind, message = "invalid_request_error", (f"{method} is not allowed on {path}; "
+                                                      f"use {(exc.headers or {}).get('Allow', 'another method')}")
+        else:
+            kind, message = "invalid_request_error", str(exc.detail)
+        response = error_shape(path)(exc.status_code, kind, message)
+        response.headers.update(exc.headers or {})
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        stats["errors"] += 1
+        return error_shape(request.url.path)(400, "invalid_request_error", str(exc))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> Response:   # a bug: logged, and still JSON
+        stats["errors"] += 1
+        return error_shape(request.url.path)(500, "api_error", f"the adapter failed: {type(exc).__name__}")
 
     # ------------------------------------------------------------ Anthropic
 
@@ -137,20 +192,21 @@ def create_app(adapter: Adapter, control_token: str) -> FastAPI:
     async def messages(request: Request) -> Response:
         return await serve_turn(request, wire.anthropic_chat, anthropic_error, anthropic_respond)
 
+    def count_chat(body: Any) -> Chat:
+        return wire.anthropic_chat({**body, "max_tokens": 1} if isinstance(body, dict) else body)
+
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> Response:
-        try:
-            adapter.sessions.get(_api_key(request))
-            body = await _json_body(request, cfg.max_body_bytes)
-            if isinstance(body, dict):
-                body = {**body, "max_tokens": 1}
-            chat = wire.anthropic_chat(body)
-            n = len(adapter.tokenizer.encode(adapter.render(chat), add_special_tokens=False))
-        except (_HTTPError, SessionError) as e:
-            return anthropic_error(e.status, e.kind, str(e))
-        except WireError as e:
-            return anthropic_error(400, "invalid_request_error", str(e))
-        return JSONResponse({"input_tokens": n})
+        async with AsyncExitStack() as cleanup:
+            try:
+                adapter.sessions.get(_api_key(request))
+                chat = await chat_of(request, count_chat, cleanup)
+                n = await in_thread(adapter.count_tokens, chat)
+            except (RequestError, SessionError) as e:
+                return anthropic_error(e.status, e.kind, str(e))
+            except WireError as e:
+                return anthropic_error(400, "invalid_request_error", str(e))
+            return JSONResponse({"input_tokens": n})
 
     # ------------------------------------------------------------ OpenAI
 
@@ -181,43 +237,34 @@ def create_app(adapter: Adapter, control_token: str) -> FastAPI:
     async def healthz() -> dict:
         return {"ok": True, "sessions": len(adapter.sessions), **stats}
 
-    async def control(request: Request, act: Callable[[dict], Any]) -> Response:
+    async def control(request: Request, model: type, act: Callable[[Any], Any]) -> Response:
         token = request.headers.get(CONTROL_HEADER, "")
         if not hmac.compare_digest(token.encode(), control_token.encode()):
-            return JSONResponse({"error": f"control routes need the {CONTROL_HEADER} header"}, status_code=403)
+            return openai_error(403, "permission_error", f"control routes need the {CONTROL_HEADER} header")
         try:
-            body = await _json_body(request, 1 << 20)
-            if not isinstance(body, dict):
-                raise _HTTPError(400, "invalid_request_error", "the body must be a JSON object")
-            return JSONResponse(act(body))
-        except _HTTPError as e:
-            return JSONResponse({"error": e.message}, status_code=e.status)
-        except SessionError as e:
-            return JSONResponse({"error": str(e)}, status_code=e.status)
-        except (ValueError, TypeError) as e:
-            return JSONResponse({"error": str(e)}, status_code=400)
+            raw = await read_body(request, CONTROL_BODY_BYTES, field="the control routes' limit")
+            body = parse_json(raw, max_depth=cfg.max_json_depth, max_items=cfg.max_json_items)
+            return JSONResponse(act(control_body(model, body)))
+        except (RequestError, SessionError) as e:
+            return openai_error(e.status, e.kind, str(e))
+        except ValueError as e:     # sampling values (session.check_sampling)
+            return openai_error(400, "invalid_request_error", str(e))
 
-    def _key(body: dict) -> str:
-        key = body.get("key")
-        if not isinstance(key, str) or not key:
-            raise ValueError("give the session's key as {\"key\": ...}")
-        return key
-
-    def open_session(body: dict) -> dict:
-        s = adapter.sessions.open(body.get("key"), sampling=body.get("sampling"), metadata=body.get("metadata"))
+    def open_session(body: OpenSession) -> dict:
+        s = adapter.sessions.open(body.key, sampling=body.sampling, metadata=body.metadata)
         return {"key": s.key, "session_id": s.session_id, "base_url": cfg.public_url}
 
     @app.post("/_agentrl/open_session")
     async def open_route(request: Request) -> Response:
-        return await control(request, open_session)
+        return await control(request, OpenSession, open_session)
 
     @app.post("/_agentrl/finish_session")
     async def finish_route(request: Request) -> Response:
-        return await control(request, lambda body: adapter.sessions.finish(_key(body)))
+        return await control(request, SessionKey, lambda body: adapter.sessions.finish(body.key))
 
     @app.post("/_agentrl/drop_session")
     async def drop_route(request: Request) -> Response:
-        return await control(request, lambda body: {"dropped": adapter.sessions.drop(_key(body))})
+        return await control(request, SessionKey, lambda body: {"dropped": adapter.sessions.drop(body.key)})
 
     return app
 

@@ -5,9 +5,11 @@ The wire (HTTP, SSE) is app.py's; this is the part every protocol shares.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -38,7 +40,13 @@ class AdapterConfig(BaseModel):
     incremental: bool = True             # False: render and tokenize every chat whole (a baseline, debugging)
     open_unknown_keys: bool = False
     public_url: str | None = None        # advertised base URL (a proxy path included), else http://host:port
-    max_body_bytes: int = Field(default=64 * 2**20, gt=0)
+    # What one request may be (limits.py); each refusal names its field. Bytes and items bound reading and
+    # parsing (orjson holds the GIL); characters and messages bound translating, rendering and tokenizing.
+    max_body_bytes: int = Field(default=16 * 2**20, gt=0)
+    max_request_chars: int = Field(default=2_000_000, gt=0)   # in the messages' and tools' strings
+    max_messages: int = Field(default=10_000, gt=0)
+    max_json_depth: int = Field(default=64, gt=0, le=512)    # Python's recursion limit is 1000
+    max_json_items: int = Field(default=1_000_000, gt=0)     # commas and brackets in a body: what parsing it costs
     upstream_timeout_s: float = Field(default=600.0, gt=0)
     model_name: str = "agentrl"
 
@@ -132,9 +140,26 @@ class Adapter:
         params["stop_token_ids"] = self.stop_ids
         return params
 
-    async def turn(self, session: Session, chat: Chat) -> TurnResult:
+    def encode(self, text: str) -> list[int]:
+        """Ids of a whole text; encode_batch releases the GIL (encode does not)."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        return backend.encode_batch([text], add_special_tokens=False)[0].ids
+
+    def count_tokens(self, chat: Chat) -> int:
+        """The rendered prompt's length, outside any session; CPU-bound: call it in a worker thread."""
+        return len(self.encode(self.render(chat)))
+
+    def _prepare(self, session: Session, chat: Chat) -> tuple[Any, float]:
+        """Render and tokenize (in a worker thread, under the session's lock): the ids and the seconds it took."""
         t0 = time.perf_counter()
         ids = session.tokens.encode_array(self.render(chat, session))
+        return ids, time.perf_counter() - t0
+
+    async def turn(self, session: Session, chat: Chat) -> TurnResult:
+        ids, prepare_s = await in_session_thread(session, self._prepare, session, chat)
+        t0 = time.perf_counter()
         if len(ids) >= self.config.max_context:
             session.stats["context_full"] += 1
             return TurnResult(ParsedOutput(), "length", len(ids), 0, recorded=False)
@@ -148,25 +173,57 @@ class Adapter:
             session.stats["upstream_errors"] += 1
             session.upstream = None      # the next turn picks again: maybe another server
             raise
-        t2 = time.perf_counter()
         if gen.finish_reason == "abort":
             # SGLang aborts generations when it pauses to load new weights: a retry gets the new ones.
             session.stats["upstream_aborts"] += 1
             server, session.upstream = session.upstream, None
             raise UpstreamError(f"{server} aborted the generation (reloading weights?)")
-        out = gen.output_ids
-        body = out[:-1] if out and (gen.matched_stop == out[-1] or out[-1] in self.stop_ids) else out
-        parsed = parse_output(self.decode(body), tool_parser=self.config.tool_parser,
-                              reasoning_parser=self.config.reasoning_parser, tools=chat.tools)
-        finish = "length" if gen.finish_reason == "length" else "stop"
-        session.tree.add(Turn(ids, out, gen.logprobs, finish, parsed.ill_formed,
-                              _version(gen.weight_version), meta={"t": time.time()}))
-        session.stats["ill_formed_turns"] += parsed.ill_formed
-        session.stats["length_stops"] += finish == "length"
-        call_ids = new_tool_ids(parsed, chat.call_id_prefix)
-        session.echo.remember(reply_message(parsed, call_ids))
-        self.overhead_s.append((t1 - t0) + (time.perf_counter() - t2))
+        async with session.lock:     # not while a later turn of this session renders in a thread
+            t2 = time.perf_counter()
+            out = gen.output_ids
+            body = out[:-1] if out and (gen.matched_stop == out[-1] or out[-1] in self.stop_ids) else out
+            parsed = parse_output(self.decode(body), tool_parser=self.config.tool_parser,
+                                  reasoning_parser=self.config.reasoning_parser, tools=chat.tools)
+            finish = "length" if gen.finish_reason == "length" else "stop"
+            session.tree.add(Turn(ids, out, gen.logprobs, finish, parsed.ill_formed,
+                                  _version(gen.weight_version), meta={"t": time.time()}))
+            session.stats["ill_formed_turns"] += parsed.ill_formed
+            session.stats["length_stops"] += finish == "length"
+            call_ids = new_tool_ids(parsed, chat.call_id_prefix)
+            session.echo.remember(reply_message(parsed, call_ids))
+        self.overhead_s.append(prepare_s + (t1 - t0) + (time.perf_counter() - t2))
         return TurnResult(parsed, finish, len(ids), len(out), recorded=True, call_ids=call_ids)
+
+
+# The adapter's CPU work (rendering, tokenizing, parsing large bodies) runs here, off the event loop. Not in
+# the loop's default executor: a rollout pool shares that loop, and its ledger I/O on a shared filesystem can
+# hold threads for seconds. Tokenizing releases the GIL; rendering and parsing are bounded (limits.py).
+CPU = ThreadPoolExecutor(max_workers=8, thread_name_prefix="agentrl-adapter")
+
+
+async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(CPU, fn, *args)
+
+
+async def in_session_thread(session: Session, fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args) in a worker thread, holding the session's lock until fn returns.
+
+    A cancelled caller (its client hung up) cannot stop the thread, so the lock is released by
+    the thread's completion, not by the caller: the session's state is never touched by two at once.
+    """
+    await session.lock.acquire()
+    try:
+        done = asyncio.get_running_loop().run_in_executor(CPU, fn, *args)
+    except BaseException:
+        session.lock.release()
+        raise
+
+    def release(f: asyncio.Future) -> None:
+        session.lock.release()
+        if not f.cancelled():
+            f.exception()   # retrieved: a caller that went away does not leave it unlogged as "never retrieved"
+    done.add_done_callback(release)
+    return await asyncio.shield(done)
 
 
 def _version(v: str | None) -> int | None:

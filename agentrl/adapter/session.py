@@ -7,6 +7,7 @@ trajectory tree. A finished session keeps a tombstone, so a late request from it
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections import Counter
@@ -15,12 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .echo import EchoRestorer
+from .limits import SAMPLING_KEYS, sampling_values
 from .render import ChatRenderer, Render
 from .tokens import PrefixTokenizer
 from .trajectory import Drift, Sample, TrajectoryTree
-
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_new_tokens", "stop", "sampling_seed",
-                 "frequency_penalty", "presence_penalty", "repetition_penalty")
 
 
 class SessionError(Exception):
@@ -40,10 +39,11 @@ def merge_sampling(session: Mapping[str, Any], body: Mapping[str, Any]) -> dict[
 
 
 def check_sampling(sampling: Mapping[str, Any]) -> dict[str, Any]:
+    """A session's sampling values, checked (`limits.Sampling`); ValueError says which are wrong."""
     unknown = set(sampling) - set(SAMPLING_KEYS)
     if unknown:
         raise ValueError(f"unknown sampling keys {sorted(unknown)}: use {', '.join(SAMPLING_KEYS)}")
-    return dict(sampling)
+    return sampling_values(sampling, prefix="sampling.")
 
 
 @dataclass
@@ -60,6 +60,8 @@ class Session:
     stats: Counter = field(default_factory=Counter)
     echo: EchoRestorer = field(default_factory=EchoRestorer)
     finished: bool = False
+    # Held while a turn renders and tokenizes in a worker thread, and while a turn is recorded: one at a time.
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def result(self) -> dict[str, Any]:
         """What a finished session hands to the rollout worker."""

@@ -69,7 +69,8 @@ class PrefixTokenizer:
             start, kept = self._ends[keep], self._counts[keep]
             self.reused_tokens += kept
             ends, counts = self._ends[:keep + 1], self._counts[:keep + 1]
-        encoding = self._backend.encode(text[start:], add_special_tokens=False)
+        # encode_batch releases the GIL while it works (encode does not): the event loop goes on meanwhile.
+        encoding = self._backend.encode_batch([text[start:]], add_special_tokens=False)[0]
         suffix = encoding.ids
         positions = [i for i, token in enumerate(suffix) if token in self._added_ids]
         if positions:

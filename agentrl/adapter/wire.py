@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .limits import sampling_values
 from .parsers import ParsedOutput
 
 IMAGE_PLACEHOLDER = "[image omitted: this model reads text only]"
@@ -79,22 +80,27 @@ def _text_of(content: Any, where: str) -> str:
 
 
 def _sampling(body: Mapping[str, Any], keys: Mapping[str, str]) -> dict[str, Any]:
-    out = {}
+    """The sampling values the body set, in SGLang's names, checked (`limits.Sampling`)."""
+    values, names = {}, {}
     for wire, ours in keys.items():
-        value = body.get(wire)
-        if value is None:
-            continue
-        if ours == "stop":
-            value = [value] if isinstance(value, str) else value
-            _need(isinstance(value, list) and all(isinstance(s, str) for s in value),
-                  f"{wire} must be a string or a list of strings")
-        elif ours in ("max_new_tokens", "top_k", "sampling_seed"):
-            _need(isinstance(value, int) and not isinstance(value, bool), f"{wire} must be an integer")
-            _need(ours != "max_new_tokens" or value > 0, f"{wire} must be positive")
-        else:
-            _need(isinstance(value, (int, float)) and not isinstance(value, bool), f"{wire} must be a number")
-        out[ours] = value
-    return out
+        if body.get(wire) is not None:
+            values[ours], names[ours] = body[wire], wire
+    try:
+        return sampling_values(values, names)
+    except ValueError as e:
+        raise WireError(str(e)) from None
+
+
+def _flag(body: Mapping[str, Any], key: str) -> bool:
+    value = body.get(key)
+    _need(value is None or isinstance(value, bool), f"{key} must be true or false")
+    return bool(value)
+
+
+def _model(body: Mapping[str, Any]) -> str:
+    value = body.get("model")
+    _need(value is None or isinstance(value, str), "model must be a string")
+    return value or ""
 
 
 # ---------------------------------------------------------------- Anthropic /v1/messages
@@ -131,8 +137,8 @@ def anthropic_chat(body: Any) -> Chat:
         tools.append({"type": "function", "function": {"name": tool["name"],
                                                         "description": tool.get("description", ""),
                                                         "parameters": tool["input_schema"]}})
-    return Chat(messages, tools, _sampling(body, _ANTHROPIC_SAMPLING), bool(body.get("stream")),
-                str(body.get("model", "")), call_id_prefix="toolu_")
+    return Chat(messages, tools, _sampling(body, _ANTHROPIC_SAMPLING), _flag(body, "stream"), _model(body),
+                call_id_prefix="toolu_")
 
 
 def _anthropic_assistant(content: Any, where: str, known_ids: set[str]) -> dict[str, Any]:
@@ -261,8 +267,9 @@ def openai_chat(body: Any) -> Chat:
         tools.append({"type": "function", "function": {"name": fn["name"], "description": fn.get("description", ""),
                                                         "parameters": fn.get("parameters", {})}})
     options = body.get("stream_options") or {}
-    return Chat(messages, tools, _sampling(body, _OPENAI_SAMPLING), bool(body.get("stream")),
-                str(body.get("model", "")), bool(isinstance(options, Mapping) and options.get("include_usage")))
+    _need(isinstance(options, Mapping), "stream_options must be an object")
+    return Chat(messages, tools, _sampling(body, _OPENAI_SAMPLING), _flag(body, "stream"), _model(body),
+                _flag(options, "include_usage"))
 
 
 def _openai_assistant(msg: Mapping[str, Any], where: str, known_ids: set[str]) -> dict[str, Any]:

@@ -133,19 +133,37 @@ def _add_eval_parser(sub) -> None:
 def _add_tasks_parser(sub) -> None:
     t = sub.add_parser("tasks", help="check a task set before training on it")
     t_sub = t.add_subparsers(dest="tasks_command", required=True)
-    c = t_sub.add_parser("check", help="oracle (solution) and no-op runs of each task, in real sandboxes",
+    c = t_sub.add_parser("check", help="oracle (solution) and no-op runs of each task, in real sandboxes; "
+                                       "with --hacks, known reward hacks too",
                          description="Each task's solution must pass (reward 1) and its untouched repository "
-                                     "must fail (reward 0); tasks that do not are flagged (exit 1).")
-    c.add_argument("paths", nargs="+", help="Harbor task directories, directories of them, or JSONL prompt files")
+                                     "must fail (reward 0); tasks that do not are flagged (exit 1). With --hacks, "
+                                     "known reward hacks run as the agent and are graded as the pool grades "
+                                     "them: each must earn reward 0, and a hack that earns more is flagged "
+                                     "(task, hack, mode, reward; exit 1).")
+    c.add_argument("paths", nargs="*", help="Harbor task directories, directories of them, or JSONL prompt files")
     c.add_argument("--concurrency", type=int, default=2, help="tasks checked at once (default 2)")
     c.add_argument("--scratch", help="node-local directory for sandbox layers (default: the temp dir)")
     c.add_argument("--runtime", choices=("bwrap", "apptainer"), default="bwrap", help="sandbox runtime (default bwrap)")
     c.add_argument("--image-cache", metavar="DIR",
                    help="the image cache where tasks' images were built (`agentrl images build`)")
     c.add_argument("--json", action="store_true", help="end with one JSON object of the results")
+    c.add_argument("--hacks", action="store_true",
+                   help="also run the default set of known reward hacks against each task's grader")
+    c.add_argument("--hacks-only", action="store_true", help="run the hacks but not the oracle and no-op")
+    c.add_argument("--hack", action="append", metavar="NAME",
+                   help="run this hack (repeatable; implies --hacks; `--hack list` names them all)")
+    c.add_argument("--grading", choices=("same", "isolated", "both"), default="both",
+                   help="how hack runs are graded: in the agent's sandbox, with the patch in a fresh one, or "
+                        "both (default)")
 
     def run(args: argparse.Namespace) -> int:
         from .swe.check import main as check_main
+        if args.hack == ["list"]:
+            from .swe.hacks import describe
+            print(describe())
+            return 0
+        if not args.paths:
+            c.error("name the tasks: Harbor task directories, directories of them, or JSONL prompt files")
         if args.concurrency < 1:
             c.error("--concurrency must be at least 1")
         return check_main(args)

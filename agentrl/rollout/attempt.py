@@ -31,7 +31,7 @@ from ..harness.base import HarnessRun
 from ..harness.empty_patch import classify_empty_patch, decide
 from ..harness.prompts import PROBLEM_FILE
 from ..swe import episode
-from ..swe.check import LoadedTask, materialize
+from ..swe.check import LoadedTask, grade_attempt, materialize
 from ..swe.sandboxes import task_sandbox
 from .config import PoolConfig
 
@@ -161,16 +161,10 @@ async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt
 
 
 async def _grade(ctx: PoolContext, task: LoadedTask, spec, sb, diff: bytes, work: Path) -> episode.Grade:
-    if ctx.cfg.grading == "same":
-        return await episode.grade(sb, spec, task.tests, env=task.verifier_env)
-    # Isolated: a fresh sandbox of the task, the patch applied, then the verifier; the agent's sandbox
-    # (where a root-capable agent could have tampered with the grader) is not trusted.
-    repo = materialize(task.testbed, work / f"fresh-{secrets.token_hex(3)}") if task.testbed else None
-    fresh = task_sandbox(spec, runtime=ctx.cfg.runtime, cache=ctx.cache, workdir_source=repo,
-                         scratch_dir=str(ctx.cfg.scratch_dir) if ctx.cfg.scratch_dir else None,
-                         allow_unsafe_local=ctx.cfg.allow_unsafe_local)
-    async with fresh:
-        await episode.baseline(fresh, spec)
-        await episode.apply_patch(fresh, spec, diff)
-        return await episode.grade(fresh, spec, task.tests, env=task.verifier_env)
-
+    def fresh():
+        # Isolated grading's sandbox: a fresh copy of the task (the agent's own is not trusted).
+        repo = materialize(task.testbed, work / f"fresh-{secrets.token_hex(3)}") if task.testbed else None
+        return task_sandbox(spec, runtime=ctx.cfg.runtime, cache=ctx.cache, workdir_source=repo,
+                            scratch_dir=str(ctx.cfg.scratch_dir) if ctx.cfg.scratch_dir else None,
+                            allow_unsafe_local=ctx.cfg.allow_unsafe_local)
+    return await grade_attempt(task, spec, sb, diff, ctx.cfg.grading, fresh)

@@ -1,7 +1,9 @@
 """`agentrl tasks check`: each task's solution must pass and its untouched repository must fail.
 
 Like Harbor's oracle and no-op agents, run in real sandboxes: a converted data set is
-checked this way before GPU hours are spent on it.
+checked this way before GPU hours are spent on it. With --hacks, known reward hacks
+(agentrl/swe/hacks.py) run too, graded the way the pool grades (`grade_attempt`): each
+must earn reward 0.
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from hpc.images.cache import ImageCache
-from hpc.sandbox.base import SandboxError
+from hpc.sandbox.base import Sandbox, SandboxError
 from hpc.sandbox.factory import Runtime
 
 from . import episode
@@ -37,15 +40,40 @@ class LoadedTask:
 
 
 def load_record(record: dict[str, Any]) -> LoadedTask:
-    """A task from one record of the prompt data (what `agentrl convert harbor` writes)."""
+    """A task from one record of the prompt data (what `agentrl convert harbor` writes).
+
+    The record is untrusted: payload keys are written under a directory (the
+    repository on the host, /tests in the sandbox), so each must be a relative
+    path that stays there, and no payload may inflate past MAX_FILE_BYTES.
+    """
+    from .task import MAX_FILE_BYTES, TaskSpecError, check_payload_path, load_task_spec
+
     meta = record["metadata"]
     harbor = meta["harbor"]
-    spec = TaskSpec(prompt=record["prompt"], **{k: meta[k] for k in _SPEC_KEYS if k in meta})
+    where = f"task {meta.get('instance_id')!r}: metadata.harbor"
+    spec = load_task_spec({"prompt": record["prompt"], **{k: meta[k] for k in _SPEC_KEYS if k in meta}},
+                          source=f"task {meta.get('instance_id')!r}")
+
+    def payloads(key: str) -> dict[str, bytes]:
+        given = harbor.get(key) or {}
+        if not isinstance(given, dict):
+            raise TaskSpecError(f"{where}.{key}: must be an object of path -> payload, got {type(given).__name__}")
+        out = {}
+        for rel, text in given.items():
+            check_payload_path(rel, f"{where}.{key}")
+            try:
+                out[rel] = decode_payload(text, max_bytes=MAX_FILE_BYTES)
+            except (ValueError, TypeError, EOFError) as e:
+                raise TaskSpecError(f"{where}.{key}: {rel!r}: the payload {e} (a payload is gzip + base64 of at "
+                                    f"most {MAX_FILE_BYTES} bytes): convert the task again (`agentrl convert "
+                                    "harbor`)") from None
+        return out
+
     tests = {"test.sh": harbor["test_sh"].encode()}
     if harbor.get("config_json") is not None:
         tests["config.json"] = harbor["config_json"].encode()
-    tests.update({rel: decode_payload(p) for rel, p in (harbor.get("test_files") or {}).items()})
-    testbed = {rel: decode_payload(p) for rel, p in (harbor.get("testbed_files") or {}).items()} or None
+    tests.update(payloads("test_files"))
+    testbed = payloads("testbed_files") or None
     solve = harbor.get("solve_sh")
     return LoadedTask(spec, tests, solve.encode() if solve is not None else None, testbed,
                       dict(harbor.get("verifier_env") or {}))
@@ -66,11 +94,35 @@ class CheckRow:
 
 
 def materialize(files: dict[str, bytes], into: Path) -> Path:
-    """A host task's repository as files under `into` (what its sandbox's work tree starts as)."""
+    """A host task's repository as files under `into` (what its sandbox's work tree starts as).
+
+    Only under `into`: a key that is absolute, has '..' or is empty is refused
+    (TaskSpecError), and so is one that resolves outside `into` through a
+    symlink already there; the last component is never followed (O_NOFOLLOW).
+    """
+    import os
+
+    from .task import TaskSpecError, check_payload_path
+
+    into = Path(into)
+    for rel in files:
+        check_payload_path(rel, f"testbed_files (materialized under {into})")
+    into.mkdir(parents=True, exist_ok=True)
+    root = os.path.realpath(into)
     for rel, data in files.items():
         path = into / rel
+        parent = os.path.realpath(path.parent)  # checked before mkdir, which would follow a symlink out
+        if os.path.commonpath([parent, root]) != root:
+            raise TaskSpecError(f"testbed_files: key {rel!r} resolves to {parent}, outside {into} (through a "
+                                f"symlink there): materialize into an empty directory")
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+        if os.path.islink(path):
+            raise TaskSpecError(f"testbed_files: key {rel!r}: {path} is a symlink, which would be written through: "
+                                "materialize into an empty directory")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o755 if rel.endswith(".sh") else 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         if rel.endswith(".sh"):
             path.chmod(0o755)
     return into
@@ -82,6 +134,25 @@ class Where:
     runtime: Runtime = "bwrap"
     cache: ImageCache | None = None
     scratch: str | None = None
+
+
+GRADINGS = ("same", "isolated")
+
+
+async def grade_attempt(task: LoadedTask, spec: TaskSpec, sb: Sandbox, diff: bytes, grading: str,
+                        fresh: Callable[[], Sandbox]) -> episode.Grade:
+    """An attempt's grade, the way the pool grades it: "same" runs the verifier in the agent's sandbox
+    `sb`; "isolated" applies the agent's patch `diff` to `fresh()` (an unstarted sandbox of the task)
+    and grades there, so nothing the agent left in its sandbox (a root-capable agent could have
+    tampered with the grader) is trusted."""
+    if grading == "same":
+        return await episode.grade(sb, spec, task.tests, env=task.verifier_env)
+    if grading != "isolated":
+        raise ValueError(f"grading must be one of {', '.join(GRADINGS)}, got {grading!r}")
+    async with fresh() as clean:
+        await episode.baseline(clean, spec)
+        await episode.apply_patch(clean, spec, diff)
+        return await episode.grade(clean, spec, task.tests, env=task.verifier_env)
 
 
 async def _attempt(task: LoadedTask, repo: Path | None, oracle: bool, where: Where) -> float:
@@ -149,8 +220,13 @@ def render_table(rows: list[CheckRow]) -> str:
     return "\n".join(lines)
 
 
-def rows_json(rows: list[CheckRow]) -> str:
-    return json.dumps({"tasks": [asdict(r) for r in rows], "flagged": sum(r.flagged for r in rows)})
+def rows_json(rows: list[CheckRow], hack_rows: list | None = None) -> str:
+    """One JSON object: the tasks' rows, with --hacks the hack runs' rows; `flagged` counts both."""
+    out: dict[str, Any] = {"tasks": [asdict(r) for r in rows]}
+    if hack_rows is not None:
+        out["hacks"] = [asdict(r) for r in hack_rows]
+    out["flagged"] = sum(r.flagged for r in rows) + sum(r.flagged for r in hack_rows or [])
+    return json.dumps(out)
 
 
 def load_tasks(paths: list[str]) -> list[LoadedTask]:
@@ -168,11 +244,19 @@ def load_tasks(paths: list[str]) -> list[LoadedTask]:
 
 
 def main(args) -> int:
-    """`agentrl tasks check`; exit 1 when a task is flagged."""
+    """`agentrl tasks check`; exit 1 when a task is flagged or a hack earns a reward."""
     import sys
 
+    from . import hacks as hack_set
     from .harbor import HarborTaskError
 
+    names = getattr(args, "hack", None) or []
+    run_hacks = bool(getattr(args, "hacks", False) or getattr(args, "hacks_only", False) or names)
+    try:
+        chosen = hack_set.select(names) if run_hacks else []
+    except KeyError as e:
+        print(e.args[0], file=sys.stderr)
+        return 2
     try:
         tasks = load_tasks(args.paths)
     except (HarborTaskError, ValueError, KeyError, FileNotFoundError) as e:
@@ -186,9 +270,20 @@ def main(args) -> int:
         if not args.json:
             print(f"  {row.instance_id}: oracle {row.oracle_reward}, no-op {row.noop_reward}"
                   f"{'  <- ' + row.problem if row.problem else ''}", file=sys.stderr, flush=True)
+
+    def hack_progress(row) -> None:
+        if not args.json:
+            print(f"  {row.instance_id}: {row.hack} [{row.grading}] reward {row.reward}"
+                  f"{'  <- ' + row.problem if row.problem else ''}", file=sys.stderr, flush=True)
     where = Where(args.runtime, ImageCache(args.image_cache) if args.image_cache else None, args.scratch)
-    rows = asyncio.run(check_tasks(tasks, args.concurrency, where, progress))
-    print(render_table(rows))
+    rows = [] if getattr(args, "hacks_only", False) else asyncio.run(check_tasks(tasks, args.concurrency, where,
+                                                                                 progress))
+    hack_rows = asyncio.run(hack_set.check_hacks(tasks, chosen, getattr(args, "grading", "both"), args.concurrency,
+                                                 where, hack_progress)) if run_hacks else None
+    if rows:
+        print(render_table(rows))
+    if hack_rows is not None:
+        print(hack_set.render_table(hack_rows))
     if args.json:
-        print(rows_json(rows))
-    return 1 if any(r.flagged for r in rows) else 0
+        print(rows_json(rows, hack_rows))
+    return 1 if any(r.flagged for r in rows) or any(r.flagged for r in hack_rows or []) else 0

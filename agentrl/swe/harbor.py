@@ -6,12 +6,22 @@ task.toml), tests/test.sh (+ config.json and helpers) and solution/solve.sh.
 Every file is read as bytes and decoded as strict UTF-8, so the prompt and the
 verifier files travel byte for byte (CRLF kept). The output is reproducible:
 sorted keys, tasks sorted by instance_id, no timestamps, gzip with mtime 0.
+
+A task directory is untrusted input (it may come from a third-party data set),
+and what is read from it ends up in a root sandbox. Every read goes through
+`TaskTree`: a file must resolve inside the task directory (a symlink that stays
+inside is fine), must be a regular file (never a FIFO or a device, which could
+hang or never end) and at most MAX_FILE_BYTES, with MAX_TASK_BYTES for all of a
+task's files together. Numbers must be finite and the JSONL is strict JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -26,7 +36,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10 (setup.cfg allows it): the same parser, from PyPI
     import tomli as tomllib
 
-from .task import HOST_IMAGE, TaskSpec, encode_payload
+from .task import HOST_IMAGE, MAX_FILE_BYTES, TaskSpec, encode_payload
 
 BUNDLED_TASKS = Path(__file__).resolve().parents[2] / "tasks"
 
@@ -42,6 +52,10 @@ DEFAULT_VERIFIER_TIMEOUT_S = 600.0
 DEFAULT_CPUS = 1
 DEFAULT_MEMORY_MB = 2048
 
+# MAX_FILE_BYTES (16 MiB, agentrl.swe.task) per file; this much for all the
+# files of one task together (its JSONL line carries them all).
+MAX_TASK_BYTES = 64 * 2**20
+
 
 class HarborTaskError(ValueError):
     """A task directory that cannot be converted; the message starts with the offending path."""
@@ -51,18 +65,172 @@ class HarborTaskError(ValueError):
         super().__init__(f"{path}: {problem}")
 
 
+def _mib(n: int) -> str:
+    return f"{n / 2**20:g} MiB"
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+class TaskTree:
+    """The files of one task directory, read safely; the only way harbor.py reads a task.
+
+    Refused, each as a HarborTaskError naming the file and what to do: a path
+    that resolves outside the task directory (a symlink out, or through a
+    symlinked directory), anything but a regular file (checked before it is
+    opened, and opened O_NONBLOCK, so a FIFO cannot hang the conversion), a
+    file over MAX_FILE_BYTES (at most that + 1 bytes are ever read), and a task
+    whose files add up to more than MAX_TASK_BYTES.
+    """
+
+    def __init__(self, task_dir: Path, max_file_bytes: int | None = None, max_task_bytes: int | None = None):
+        self.dir = Path(task_dir)
+        self.real = os.path.realpath(self.dir)
+        self.max_file_bytes = MAX_FILE_BYTES if max_file_bytes is None else max_file_bytes
+        self.max_task_bytes = MAX_TASK_BYTES if max_task_bytes is None else max_task_bytes
+        self.total = 0
+
+    def _inside(self, real: str) -> bool:
+        return os.path.commonpath([real, self.real]) == self.real
+
+    def resolve(self, path: Path) -> str | None:
+        """The real path of `path`, None when nothing is there; refused when it leaves the task."""
+        path = Path(path)
+        if not os.path.lexists(path):
+            return None
+        real = os.path.realpath(path)
+        if self._inside(real):
+            return real
+        if os.path.islink(path):
+            target = os.readlink(path)
+            shown = target if target == real else f"{target} ({real})"
+            what = "its files" if os.path.isdir(real) else "the file"
+            raise HarborTaskError(path, f"is a symlink to {shown}, outside the task directory {self.dir}: "
+                                        f"copy {what} into the task instead")
+        raise HarborTaskError(path, f"resolves to {real}, outside the task directory {self.dir} (through a "
+                                    "symlinked directory): copy the files into the task instead")
+
+    def exists(self, path: Path) -> bool:
+        return self.resolve(path) is not None
+
+    def is_dir(self, path: Path) -> bool:
+        real = self.resolve(path)
+        return real is not None and os.path.isdir(real)
+
+    def read_bytes(self, path: Path) -> bytes:
+        path = Path(path)
+        real = self.resolve(path)
+        if real is None:
+            raise HarborTaskError(path, "is missing")
+        try:
+            st = os.stat(real)
+        except FileNotFoundError:
+            raise HarborTaskError(path, f"is a symlink to {os.readlink(path)}, which does not exist: "
+                                        "remove it or put the file there") from None
+        except OSError as e:
+            raise HarborTaskError(path, f"cannot be read ({e.strerror})") from None
+        self._check_regular(path, st)
+        try:
+            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            raise HarborTaskError(path, f"cannot be read ({e.strerror})") from None
+        try:
+            st2 = os.fstat(fd)
+            self._check_regular(path, st2)
+            if (st2.st_dev, st2.st_ino) != (st.st_dev, st.st_ino):
+                raise HarborTaskError(path, "changed while it was being read: convert the task again")
+            chunks, left = [], self.max_file_bytes + 1
+            while left > 0:
+                chunk = os.read(fd, min(left, 2**20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+        except OSError as e:
+            raise HarborTaskError(path, f"cannot be read ({e.strerror})") from None
+        finally:
+            os.close(fd)
+        data = b"".join(chunks)
+        self._check_size(path, len(data))
+        self.total += len(data)
+        if self.total > self.max_task_bytes:
+            raise HarborTaskError(path, f"brings the task's files past {_mib(self.max_task_bytes)}, the limit "
+                                        "for one task: make the task smaller (a repository this big belongs "
+                                        "in an image, named by [environment] docker_image)")
+        return data
+
+    def _check_regular(self, path: Path, st: os.stat_result) -> None:
+        if not stat.S_ISREG(st.st_mode):
+            raise HarborTaskError(path, f"is {_kind(st.st_mode)}, not a regular file: replace it with "
+                                        "a regular file (or remove it)")
+        self._check_size(path, st.st_size)
+
+    def _check_size(self, path: Path, size: int) -> None:
+        if size > self.max_file_bytes:
+            raise HarborTaskError(path, f"is {size} bytes, over the {_mib(self.max_file_bytes)} limit for one "
+                                        "file of a task: make it smaller, or put it in the task's image")
+
+    def read_text(self, path: Path) -> str:
+        """The file's exact text: strict UTF-8, no newline translation."""
+        raw = self.read_bytes(path)
+        try:
+            return raw.decode("utf-8", errors="strict")
+        except UnicodeDecodeError as e:
+            raise HarborTaskError(path, f"is not UTF-8 (bad byte at offset {e.start})") from None
+
+    def files_under(self, directory: Path, skip: tuple[str, ...] = ()) -> dict[str, bytes]:
+        """Every regular file under `directory` (relative posix path -> bytes); no bytecode caches.
+
+        Symlinked directories are followed only while they stay inside the task,
+        and each real directory is walked once: a symlink back up (a loop) or a
+        second way into the same directory is refused, so the walk is as big
+        as the tree on disk.
+        """
+        directory = Path(directory)
+        real = self.resolve(directory)
+        if real is None or not os.path.isdir(real):
+            raise HarborTaskError(directory, "is not a directory")
+        out: dict[str, bytes] = {}
+        walked: dict[str, Path] = {}
+
+        def walk(d: Path, real_d: str, rel: str) -> None:
+            if real_d in walked:
+                raise HarborTaskError(d, f"is the same directory as {walked[real_d]} (through a symlink, which "
+                                         "may make a loop): replace the symlink with the files it should hold")
+            walked[real_d] = d
+            try:
+                with os.scandir(d) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+            except OSError as e:
+                raise HarborTaskError(d, f"cannot be listed ({e.strerror})") from None
+            for e in entries:
+                p, r = d / e.name, f"{rel}{e.name}"
+                if e.name == "__pycache__":
+                    continue
+                if e.is_symlink():
+                    real_e = self.resolve(p)  # refuses a symlink out of the task
+                    is_dir = os.path.isdir(real_e)
+                else:
+                    real_e, is_dir = os.path.join(real_d, e.name), e.is_dir(follow_symlinks=False)
+                if is_dir:
+                    walk(p, real_e, r + "/")
+                elif r not in skip:
+                    out[r] = self.read_bytes(p)
+
+        walk(directory, real, "")
+        return out
+
+
 def read_text(path: Path) -> str:
-    """The file's exact text: strict UTF-8, no newline translation."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise HarborTaskError(path, "is missing") from None
-    except OSError as e:
-        raise HarborTaskError(path, f"cannot be read ({e.strerror})") from None
-    try:
-        return raw.decode("utf-8", errors="strict")
-    except UnicodeDecodeError as e:
-        raise HarborTaskError(path, f"is not UTF-8 (bad byte at offset {e.start})") from None
+    """The exact text of a file that must stay inside its own directory (see TaskTree)."""
+    path = Path(path)
+    return TaskTree(path.parent).read_text(path)
 
 
 def _section(cfg: dict, name: str, path: Path) -> dict:
@@ -76,9 +244,16 @@ def _positive(table: dict, section: str, key: str, path: Path, default: float | 
     value = table.get(key, default)
     if value is None:
         raise HarborTaskError(path, f"[{section}] {key} is missing (seconds, a positive number)")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise HarborTaskError(path, f"[{section}] {key} must be a positive number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise HarborTaskError(path, f"[{section}] {key} must be a finite positive number (seconds), got {value!r}")
     return float(value)
+
+
+def _finite(table: dict, section: str, key: str, path: Path) -> None:
+    """TOML has inf and nan; no count or size may be one (the JSONL must stay strict JSON)."""
+    value = table.get(key)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise HarborTaskError(path, f"[{section}] {key} must be a finite number, got {value!r}")
 
 
 def _size_mb(text: str, path: Path) -> int:
@@ -86,7 +261,10 @@ def _size_mb(text: str, path: Path) -> int:
     units = {"G": 1024.0, "M": 1.0, "K": 1 / 1024}
     s = text.strip().upper()
     try:
-        return int(float(s[:-1]) * units[s[-1:]])
+        mb = float(s[:-1]) * units[s[-1:]]
+        if not math.isfinite(mb):
+            raise ValueError(s)
+        return int(mb)
     except (KeyError, ValueError):
         raise HarborTaskError(path, f"[environment] memory {text!r} is not a size like '2G' or '512M'") from None
 
@@ -117,12 +295,12 @@ def parse_dockerfile(text: str) -> tuple[str | None, str | None, list[str]]:
     return image, workdir, needs_build
 
 
-def _image_and_workdir(env: dict, task_dir: Path, toml_path: Path) -> tuple[str, str]:
-    dockerfile = task_dir / "environment" / "Dockerfile"
+def _image_and_workdir(env: dict, tree: TaskTree, toml_path: Path) -> tuple[str, str]:
+    dockerfile = tree.dir / "environment" / "Dockerfile"
     df_image = df_workdir = None
     needs_build: list[str] = []
-    if dockerfile.exists():
-        df_image, df_workdir, needs_build = parse_dockerfile(read_text(dockerfile))
+    if tree.exists(dockerfile):
+        df_image, df_workdir, needs_build = parse_dockerfile(tree.read_text(dockerfile))
     image = env.get("docker_image")
     if image is None:
         if df_image is None:
@@ -145,15 +323,18 @@ def _image_and_workdir(env: dict, task_dir: Path, toml_path: Path) -> tuple[str,
     return image, workdir
 
 
-def parse_task_toml(text: str, task_dir: Path, toml_path: Path) -> dict[str, Any]:
+def parse_task_toml(text: str, task_dir: Path, toml_path: Path, tree: TaskTree | None = None) -> dict[str, Any]:
     """The parts of task.toml a TaskSpec needs, with Harbor's defaults."""
+    tree = tree or TaskTree(task_dir)
     try:
         cfg = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise HarborTaskError(toml_path, f"is not valid TOML ({e})") from None
     agent, verifier = _section(cfg, "agent", toml_path), _section(cfg, "verifier", toml_path)
     env, meta = _section(cfg, "environment", toml_path), _section(cfg, "metadata", toml_path)
-    image, workdir = _image_and_workdir(env, task_dir, toml_path)
+    image, workdir = _image_and_workdir(env, tree, toml_path)
+    for key in ("cpus", "memory_mb"):
+        _finite(env, "environment", key, toml_path)
     memory_mb = env.get("memory_mb")
     if memory_mb is None:
         memory_mb = _size_mb(env["memory"], toml_path) if isinstance(env.get("memory"), str) else DEFAULT_MEMORY_MB
@@ -161,6 +342,9 @@ def parse_task_toml(text: str, task_dir: Path, toml_path: Path) -> dict[str, Any
     if not isinstance(verifier_env, dict) or not all(isinstance(v, str) for v in verifier_env.values()):
         raise HarborTaskError(toml_path, "[verifier] env must be a table of strings")
     base_commit = meta.get("base_commit")
+    name = _section(cfg, "task", toml_path).get("name")
+    if name is not None and not isinstance(name, str):
+        raise HarborTaskError(toml_path, f"[task] name must be a string, got {name!r}")
     return {
         "image": image,
         "workdir": workdir,
@@ -172,22 +356,17 @@ def parse_task_toml(text: str, task_dir: Path, toml_path: Path) -> dict[str, Any
         # agentrl keys in [metadata], which Harbor leaves free-form
         "reset_to_base_commit": meta.get("reset_to_base_commit", False),
         "files_to_exclude_from_patch": meta.get("files_to_exclude_from_patch", []),
-        "name": _section(cfg, "task", toml_path).get("name"),
+        "name": name,
         "verifier_env": dict(sorted(verifier_env.items())),
     }
 
 
-def _payloads(directory: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
+def _payloads(tree: TaskTree, directory: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
     """Every file under `directory` (relative path -> payload), binary ones too; no bytecode caches."""
-    out = {}
-    for p in sorted(directory.rglob("*")):
-        rel = p.relative_to(directory).as_posix()
-        if p.is_file() and rel not in skip and "__pycache__" not in p.parts:
-            out[rel] = encode_payload(p.read_bytes())
-    return out
+    return {rel: encode_payload(data) for rel, data in tree.files_under(directory, skip).items()}
 
 
-def _testbed_files(task_dir: Path, image: str) -> dict[str, str] | None:
+def _testbed_files(tree: TaskTree, image: str) -> dict[str, str] | None:
     """For a "host" task, the repository (environment/repo/) that the sandbox puts at workdir.
 
     A host task has no image to carry its repository, so the JSONL line does:
@@ -195,10 +374,10 @@ def _testbed_files(task_dir: Path, image: str) -> dict[str, str] | None:
     """
     if image != HOST_IMAGE:
         return None
-    repo = task_dir / "environment" / "repo"
-    if not repo.is_dir():
+    repo = tree.dir / "environment" / "repo"
+    if not tree.is_dir(repo):
         raise HarborTaskError(repo, f"is missing: a task with docker_image = {HOST_IMAGE!r} brings its repository")
-    return _payloads(repo)
+    return _payloads(tree, repo)
 
 
 def _validate(data: dict[str, Any], task_dir: Path, toml_path: Path) -> TaskSpec:
@@ -221,7 +400,7 @@ def _validate(data: dict[str, Any], task_dir: Path, toml_path: Path) -> TaskSpec
         err = e.errors()[0]
         field_ = ".".join(map(str, err["loc"]))
         path, key = sources.get(field_, (toml_path, field_))
-        raise HarborTaskError(path, f"{key}: {err['msg']}") from None
+        raise HarborTaskError(path, f"{key}: {err['msg'].removeprefix('Value error, ')}") from None
 
 
 def convert_task(task_dir: Path) -> dict[str, Any]:
@@ -229,12 +408,13 @@ def convert_task(task_dir: Path) -> dict[str, Any]:
     task_dir = Path(task_dir)
     if not task_dir.is_dir():
         raise HarborTaskError(task_dir, "is not a directory")
-    instruction = read_text(task_dir / "instruction.md")
+    tree = TaskTree(task_dir)
+    instruction = tree.read_text(task_dir / "instruction.md")
     toml_path = task_dir / "task.toml"
-    parsed = parse_task_toml(read_text(toml_path), task_dir, toml_path)
+    parsed = parse_task_toml(tree.read_text(toml_path), task_dir, toml_path, tree)
     tests_dir = task_dir / "tests"
-    test_sh = read_text(tests_dir / "test.sh")
-    config_json = read_text(tests_dir / "config.json") if (tests_dir / "config.json").exists() else None
+    test_sh = tree.read_text(tests_dir / "test.sh")
+    config_json = tree.read_text(tests_dir / "config.json") if tree.exists(tests_dir / "config.json") else None
     solve = task_dir / "solution" / "solve.sh"
     spec_data = {
         "instance_id": task_dir.resolve().name,
@@ -249,9 +429,9 @@ def convert_task(task_dir: Path) -> dict[str, Any]:
     metadata["harbor"] = {
         "config_json": config_json,
         "test_sh": test_sh,
-        "test_files": _payloads(tests_dir, skip=("test.sh", "config.json")),
-        "testbed_files": _testbed_files(task_dir, spec.image),
-        "solve_sh": read_text(solve) if solve.exists() else None,
+        "test_files": _payloads(tree, tests_dir, skip=("test.sh", "config.json")),
+        "testbed_files": _testbed_files(tree, spec.image),
+        "solve_sh": tree.read_text(solve) if tree.exists(solve) else None,
         "name": parsed["name"],
         "verifier_env": parsed["verifier_env"],
         "tests_dir": TESTS_DIR,
@@ -299,7 +479,9 @@ def convert_tasks(paths: list[Path]) -> Conversion:
 def render_jsonl(records: list[dict[str, Any]]) -> bytes:
     # ensure_ascii: a raw U+2028 inside a JSON line is valid JSON but splits the
     # line for readers that use str.splitlines; escapes keep one task per line.
-    return b"".join(json.dumps(r, sort_keys=True, ensure_ascii=True).encode("ascii") + b"\n" for r in records)
+    # allow_nan=False: NaN/Infinity are not JSON; a non-finite number raises here, never lands in the file.
+    return b"".join(json.dumps(r, sort_keys=True, ensure_ascii=True, allow_nan=False).encode("ascii") + b"\n"
+                    for r in records)
 
 
 def write_prompts(paths: list[Path], out: Path, on_error: str = "fail") -> Conversion:

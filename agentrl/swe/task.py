@@ -12,6 +12,7 @@ import gzip
 import json
 import math
 import shlex
+import zlib
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -27,6 +28,10 @@ HOST_IMAGE = "host"  # the host's own root filesystem, for the bundled tasks
 # 128 KiB on Linux), and a heredoc inside a command line is still argv.
 DECODE_COMMAND = "base64 -d | gunzip"
 
+# The most one file of a task may hold: a file read by `agentrl convert harbor`,
+# and a payload decoded from a JSONL line (so a small gzip cannot inflate to GBs).
+MAX_FILE_BYTES = 16 * 2**20
+
 
 class TaskSpecError(ValueError):
     """A task spec that cannot be used; the message names the source and the field."""
@@ -35,8 +40,8 @@ class TaskSpecError(ValueError):
 class Timeouts(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    agent_s: float = Field(gt=0)
-    eval_s: float = Field(gt=0)
+    agent_s: float = Field(gt=0, allow_inf_nan=False)
+    eval_s: float = Field(gt=0, allow_inf_nan=False)
 
 
 class Resources(BaseModel):
@@ -67,8 +72,14 @@ class TaskSpec(BaseModel):
     @field_validator("workdir")
     @classmethod
     def _absolute(cls, v: str) -> str:
+        parts = PurePosixPath(v).parts
         if not PurePosixPath(v).is_absolute():
             raise ValueError(f"must be an absolute path inside the sandbox, got {v!r}")
+        if ".." in parts or "\0" in v:
+            raise ValueError(f"must be an absolute path without '..' or NUL, got {v!r}")
+        if len(parts) == 1:
+            raise ValueError(f"must not be the root directory ({v!r}): put the repository in a directory "
+                             "of its own, such as /testbed")
         return v
 
     @field_validator("eval_command")
@@ -100,13 +111,58 @@ def load_task_spec(data: Any, source: str = "task") -> TaskSpec:
         raise TaskSpecError("\n".join(f"{source}: {field or '(task)'}: {msg}" for field, msg in problems(e))) from None
 
 
+def payload_path_problem(rel: Any) -> str | None:
+    """Why `rel` cannot name a payload file (a key of test_files / testbed_files), or None.
+
+    A payload is written at DIR/rel (the repository on the host, /tests in the
+    sandbox), so rel must stay under DIR: relative, no '..', in the canonical
+    form the converter writes ('a/b', not 'a//b', 'a/./b' or 'a/').
+    """
+    if not isinstance(rel, str):
+        return f"is a {type(rel).__name__}, not a path"
+    if not rel:
+        return "is empty"
+    if "\0" in rel:
+        return "contains a NUL byte"
+    if rel.startswith("/"):
+        return "is an absolute path"
+    if ".." in rel.split("/"):
+        return "has a '..' component"
+    if PurePosixPath(rel).as_posix() != rel or "." in rel.split("/"):
+        return f"is not in canonical form (write {PurePosixPath(rel).as_posix()!r})"
+    return None
+
+
+def check_payload_path(rel: Any, where: str) -> str:
+    """`rel` if it is a safe relative payload path; else TaskSpecError naming `where` and the key."""
+    problem = payload_path_problem(rel)
+    if problem is not None:
+        raise TaskSpecError(f"{where}: key {rel!r} {problem}: payload keys must be relative paths inside their "
+                            "directory, such as 'src/app.py'; fix the task and convert it again "
+                            "(`agentrl convert harbor`)")
+    return rel
+
+
 def encode_payload(data: bytes) -> str:
     """gzip + base64; mtime 0 so equal inputs give equal text (reproducible JSONL)."""
     return base64.b64encode(gzip.compress(data, mtime=0)).decode("ascii")
 
 
-def decode_payload(text: str) -> bytes:
-    return gzip.decompress(base64.b64decode(text, validate=True))
+def decode_payload(text: str, max_bytes: int | None = None) -> bytes:
+    """The payload's bytes; with `max_bytes`, ValueError rather than inflate past it."""
+    raw = base64.b64decode(text, validate=True)
+    if max_bytes is None:
+        return gzip.decompress(raw)
+    d = zlib.decompressobj(wbits=31)  # one gzip member, as encode_payload writes
+    try:
+        out = d.decompress(raw, max_bytes + 1)
+    except zlib.error as e:
+        raise ValueError(f"is not gzip data ({e})") from None
+    if len(out) > max_bytes:
+        raise ValueError(f"inflates to more than {max_bytes} bytes")
+    if not d.eof:
+        raise ValueError("is not a complete gzip stream")
+    return out
 
 
 def install_payload_argv(dest: str) -> list[str]:

@@ -23,6 +23,8 @@ from .task import RewardError, TaskSpec, reward_from
 BASELINE_GIT = "/var/lib/agentrl/baseline.git"
 TESTS_DIR = "/tests"
 LOGS_DIR = "/logs/verifier"
+# What the grader's root makes in an image it does not own (hpc.sandbox.base.SandboxSpec.root_dirs).
+GRADER_DIRS = (str(Path(BASELINE_GIT).parent), TESTS_DIR, LOGS_DIR)
 _GIT = ["git", f"--git-dir={BASELINE_GIT}", "-c", "user.name=agentrl", "-c", "user.email=agentrl@localhost",
         "-c", "core.fileMode=true", "-c", "safe.directory=*"]
 

@@ -104,7 +104,7 @@ async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt
                                       ro_binds={str(ctx.tools_dir): TOOLS_IN_SANDBOX},
                                       allow_unsafe_local=cfg.allow_unsafe_local)
                     await stack.enter_async_context(sb)
-                    await episode.baseline(sb, spec)
+                    await episode.baseline(sb, spec, restorable=cfg.grading == "same")
                 except SandboxError as e:
                     raise InfraError(f"sandbox: {e}") from None
             timings["boot_s"] = time.monotonic() - t0
@@ -162,6 +162,7 @@ async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt
 
 async def _grade(ctx: PoolContext, task: LoadedTask, spec, sb, diff: bytes, work: Path) -> episode.Grade:
     if ctx.cfg.grading == "same":
+        await episode.restore(sb, spec, diff)
         return await episode.grade(sb, spec, task.tests, env=task.verifier_env)
     # Isolated: a fresh sandbox of the task, the patch applied, then the verifier; the agent's sandbox
     # (where a root-capable agent could have tampered with the grader) is not trusted.

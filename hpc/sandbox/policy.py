@@ -95,6 +95,26 @@ def seccomp_filter():
 
 
 
+def oci_seccomp_profile() -> dict:
+    """The same filter as an OCI (Docker-format) seccomp profile, for `apptainer --security seccomp:FILE`."""
+    deny = {"action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM}
+    rules = [{"names": list(DENIED_SYSCALLS), **deny}]
+    for name, index in (("mknod", 1), ("mknodat", 2)):
+        for kind in (stat.S_IFCHR, stat.S_IFBLK):
+            rules.append({"names": [name], **deny,
+                          "args": [{"index": index, "value": _S_IFMT, "valueTwo": kind, "op": "SCMP_CMP_MASKED_EQ"}]})
+    for flag in NAMESPACE_FLAGS:
+        rules.append({"names": ["clone"], **deny,
+                      "args": [{"index": 0, "value": flag, "valueTwo": flag, "op": "SCMP_CMP_MASKED_EQ"}]})
+    rules.append({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS})
+    return {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": rules}
+
+
+def dropped_capabilities(keep: frozenset[int] = ROOT_CAPS) -> list[str]:
+    """CAP_* names outside `keep` (apptainer --drop-caps)."""
+    return [f"CAP_{name.upper()}" for name, n in sorted(CAPABILITIES.items(), key=lambda kv: kv[1]) if n not in keep]
+
+
 @dataclass(frozen=True)
 class Limits:
     """What one sandbox may take. None: not limited (the node's own limits apply)."""

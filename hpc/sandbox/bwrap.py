@@ -97,7 +97,10 @@ def bwrap_argv(spec: SandboxSpec, *, workdir_host: str | None, etc_host: str | N
         argv += [*_parents(inside), "--ro-bind", host, inside]
     if spec.adapter_socket:
         argv += ["--bind", spec.adapter_socket, SOCKET_IN_SANDBOX]
-    return [*argv, "--info-fd", "@INFO_FD@", "--", "sleep", "infinity"]
+    # sleep is the sandbox's pid 1 itself (--as-pid-1): the kernel ignores a SIGKILL sent to a pid
+    # namespace's init from inside it, so no root of the sandbox can end it (`kill -9 -1` as root
+    # would otherwise take bwrap's init with its child, and a failed grading would become a retry).
+    return [*argv, "--as-pid-1", "--info-fd", "@INFO_FD@", "--", "sleep", "infinity"]
 
 
 def mount_points(argv: list[str]) -> list[tuple[str, str]]:
@@ -186,13 +189,15 @@ class BwrapSandbox(SandboxContext):
                     [self.python, "-m", "hpc.sandbox.supervisor", "--fd", str(theirs.fileno())],
                     pass_fds=(theirs.fileno(),), env={"PYTHONPATH": _REPO, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                    start_new_session=True)
+                    cwd="/", start_new_session=True)     # cwd: -m would import an `hpc` found there first
             ours.send(json.dumps(cfg).encode())
             ours.settimeout(60)
             try:
                 reply = ours.recv(1 << 20)
             except TimeoutError:
                 raise SandboxError("the sandbox supervisor did not answer in 60 s") from None
+            except OSError:
+                reply = b""
             finally:
                 ours.settimeout(None)
             msg = json.loads(reply) if reply else {"op": "error", "error": self._supervisor_stderr()}

@@ -209,17 +209,17 @@ class Supervisor:
         raise RuntimeError(f"bwrap gave no sandbox info in {timeout_s:.0f} s")
 
     def _wait_ready(self, timeout_s: float = 30.0) -> None:
-        """bwrap reports pid 1 before its mounts are done; once pid 1 has forked sleep, they are."""
-        children = Path(f"/proc/{self.init_pid}/task/{self.init_pid}/children")
+        """bwrap reports pid 1 before its mounts are done; once pid 1 is sleep (exec'd after the
+        mounts), they are."""
+        cmdline = Path(f"/proc/{self.init_pid}/cmdline")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
-                    kids = children.read_text().split()
+                if cmdline.read_bytes() == b"sleep\0infinity\0":
+                    self.spared = {self.init_pid}
+                    return
             except FileNotFoundError:
                 raise RuntimeError("bwrap exited while starting the sandbox (its message is above)") from None
-            if kids:
-                self.spared = {self.init_pid, *map(int, kids)}
-                return
             time.sleep(0.002)
         raise RuntimeError(f"the sandbox did not come up in {timeout_s:.0f} s")
 

@@ -151,62 +151,72 @@ class BwrapSandbox(SandboxContext):
         for tool, pkg in (("bwrap", "bubblewrap"), (self.python, "python3 and python3-seccomp")):
             if shutil.which(tool) is None:
                 raise SandboxError(f"{tool} is not installed (Debian: apt-get install {pkg})")
-        spec = self.spec
-        reap_abandoned(spec.scratch_dir)
-        self._scratch = scratch = make_scratch("bwrap", spec.scratch_dir)
+        reap_abandoned(self.spec.scratch_dir)
+        self._scratch = make_scratch("bwrap", self.spec.scratch_dir)
         try:
-            layers, rootfs_host, workdir_host, etc_host = [], None, None, None
-            if spec.rootfs:
-                if not os.path.isdir(spec.rootfs):
-                    raise SandboxError(f"the image {spec.rootfs} is not a directory")
-                rootfs_host = str(scratch / "root")
-                layers.append({"source": spec.rootfs, "merged": rootfs_host, "owner": None})
-            if spec.workdir_source:
-                if not os.path.isdir(spec.workdir_source):
-                    raise SandboxError(f"the work tree {spec.workdir_source} is not a directory")
-                workdir_host = str(scratch / "work")
-                layers.append({"source": spec.workdir_source, "merged": workdir_host, "owner": AGENT_UID})
-            elif spec.rootfs:
-                layers[0]["owned_by_agent"] = spec.workdir
-            if not spec.rootfs:
-                etc_host = str(scratch / "etc")
-                write_minimal_etc(Path(etc_host))
-            for layer in layers:
-                os.mkdir(layer["merged"])
-            disk = scratch / "disk"
-            argv = bwrap_argv(spec, workdir_host=workdir_host, etc_host=etc_host, rootfs_host=rootfs_host,
-                              home_host=str(disk / "home"))
-            if spec.rootfs:
-                layers[0]["mountpoints"] = [("/", "dir"), *mount_points(argv), *((d, "dir") for d in spec.root_dirs)]
-            cfg = {"bwrap": argv, "disk": str(disk), "layers": layers, "scratch": str(scratch),
-                   "limits": {k: getattr(spec.limits, k) for k in ("cpus", "memory_mb", "storage_mb", "pids")},
-                   "forwarder": {"port": spec.adapter_port, "unix": spec.adapter_socket}
-                   if spec.adapter_socket else None}
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            self._sock = ours
-            with theirs:
-                self.supervisor = subprocess.Popen(
-                    [self.python, "-m", "hpc.sandbox.supervisor", "--fd", str(theirs.fileno())],
-                    pass_fds=(theirs.fileno(),), env={"PYTHONPATH": _REPO, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                    cwd="/", start_new_session=True)     # cwd: -m would import an `hpc` found there first
-            ours.send(json.dumps(cfg).encode())
-            ours.settimeout(60)
-            try:
-                reply = ours.recv(1 << 20)
-            except TimeoutError:
-                raise SandboxError("the sandbox supervisor did not answer in 60 s") from None
-            except OSError:
-                reply = b""
-            finally:
-                ours.settimeout(None)
-            msg = json.loads(reply) if reply else {"op": "error", "error": self._supervisor_stderr()}
-            if msg["op"] != "ready":
-                raise SandboxError(f"the sandbox did not start: {msg.get('error')}\n{self._supervisor_stderr()}")
-            self.init_pid, self.uid_base, self.unenforced = msg["init"], msg["uid_base"], msg["unenforced"]
+            self._launch(self._plan(self._scratch))
         except BaseException:
             self._stop()
             raise
+
+    def _plan(self, scratch: Path) -> dict:
+        """The supervisor's config: the layers to mount, the image's root to prepare, bwrap's argv."""
+        spec = self.spec
+        layers, rootfs_host, workdir_host, etc_host = [], None, None, None
+        if spec.rootfs:
+            if not os.path.isdir(spec.rootfs):
+                raise SandboxError(f"the image {spec.rootfs} is not a directory")
+            rootfs_host = str(scratch / "root")
+            layers.append({"source": spec.rootfs, "merged": rootfs_host, "owner": None})
+        if spec.workdir_source:
+            if not os.path.isdir(spec.workdir_source):
+                raise SandboxError(f"the work tree {spec.workdir_source} is not a directory")
+            workdir_host = str(scratch / "work")
+            layers.append({"source": spec.workdir_source, "merged": workdir_host, "owner": AGENT_UID})
+        if not spec.rootfs:
+            etc_host = str(scratch / "etc")
+            write_minimal_etc(Path(etc_host))
+        for layer in layers:
+            os.mkdir(layer["merged"])
+        disk = scratch / "disk"
+        argv = bwrap_argv(spec, workdir_host=workdir_host, etc_host=etc_host, rootfs_host=rootfs_host,
+                          home_host=str(disk / "home"))
+        return {"bwrap": argv, "disk": str(disk), "layers": layers, "scratch": str(scratch),
+                "image_root": self._image_root(rootfs_host, argv, agent_tree=not spec.workdir_source),
+                "limits": {k: getattr(spec.limits, k) for k in ("cpus", "memory_mb", "storage_mb", "pids")},
+                "forwarder": {"port": spec.adapter_port, "unix": spec.adapter_socket} if spec.adapter_socket else None}
+
+    def _image_root(self, root: str | None, argv: list[str], *, agent_tree: bool) -> dict | None:
+        """An image's files belong to host uids the sandbox does not map: the supervisor hands the
+        sandbox's root its mount points and `root_dirs`, and the agent its work tree if the image holds it."""
+        if root is None:
+            return None
+        return {"path": root, "mountpoints": [("/", "dir"), *mount_points(argv), *((d, "dir") for d in self.spec.root_dirs)],
+                "agent_tree": self.spec.workdir if agent_tree else None}
+
+    def _launch(self, cfg: dict) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._sock = ours
+        with theirs:
+            self.supervisor = subprocess.Popen(
+                [self.python, "-m", "hpc.sandbox.supervisor", "--fd", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),), env={"PYTHONPATH": _REPO, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                cwd="/", start_new_session=True)     # cwd: -m would import an `hpc` found there first
+        ours.send(json.dumps(cfg).encode())
+        ours.settimeout(60)
+        try:
+            reply = ours.recv(1 << 20)
+        except TimeoutError:
+            raise SandboxError("the sandbox supervisor did not answer in 60 s") from None
+        except OSError:
+            reply = b""
+        finally:
+            ours.settimeout(None)
+        msg = json.loads(reply) if reply else {"op": "error", "error": self._supervisor_stderr()}
+        if msg["op"] != "ready":
+            raise SandboxError(f"the sandbox did not start: {msg.get('error')}\n{self._supervisor_stderr()}")
+        self.init_pid, self.uid_base, self.unenforced = msg["init"], msg["uid_base"], msg["unenforced"]
 
     def _supervisor_stderr(self) -> str:
         if self.supervisor is None:

@@ -161,23 +161,8 @@ class Supervisor:
             if layer.get("owner") is not None:
                 host = self.uids.host(layer["owner"])
                 run("chown", "-R", f"{host}:{host}", layer["merged"])
-            if layer.get("owned_by_agent"):
-                tree = Path(layer["merged"]) / layer["owned_by_agent"].lstrip("/")
-                if tree.is_dir():
-                    host = self.uids.host(1000)
-                    run("chown", "-R", f"{host}:{host}", str(tree))
-            for rel, kind in layer.get("mountpoints", []):
-                # bwrap makes its mount points as the sandbox's root, which owns nothing of an
-                # image; they are made here, owned by that root.
-                merged = Path(layer["merged"])
-                p = merged / rel.lstrip("/")
-                for parent in reversed([q for q in p.parents if merged in q.parents]):
-                    if not os.path.lexists(parent):
-                        parent.mkdir()
-                        os.lchown(parent, base, base)
-                if not os.path.lexists(p):
-                    p.mkdir() if kind == "dir" else p.touch()
-                os.lchown(p, base, base)
+        if cfg.get("image_root"):
+            self._prepare_image_root(cfg["image_root"], run)
         home = Path(disk) / "home"
         home.mkdir()
         os.chown(home, self.uids.host(1000), self.uids.host(1000))
@@ -193,6 +178,26 @@ class Supervisor:
         os.setgroups([])
         os.setresgid(0, 0, 0)
         os.setresuid(0, 0, 0)
+
+    def _prepare_image_root(self, image: dict, run) -> None:
+        """bwrap makes its mount points as the sandbox's root, which owns nothing of an image: they
+        (and the dirs grading writes to) are made here and handed to that root; an image's own
+        work tree is handed to the agent."""
+        base, root = self.uids.base, Path(image["path"])
+        if image.get("agent_tree"):
+            tree = root / image["agent_tree"].lstrip("/")
+            if tree.is_dir():
+                host = self.uids.host(1000)
+                run("chown", "-R", f"{host}:{host}", str(tree))
+        for rel, kind in image["mountpoints"]:
+            p = root / rel.lstrip("/")
+            for parent in reversed([q for q in p.parents if root in q.parents]):
+                if not os.path.lexists(parent):
+                    parent.mkdir()
+                    os.lchown(parent, base, base)
+            if not os.path.lexists(p):
+                p.mkdir() if kind == "dir" else p.touch()
+            os.lchown(p, base, base)
 
     def _read_info(self, info_r: int, err_r: int, timeout_s: float = 30.0) -> int:
         buf, deadline = b"", time.monotonic() + timeout_s

@@ -16,6 +16,7 @@ from http_fixtures import Hello, UnixHTTPServer, serve
 
 from hpc.sandbox.base import SandboxError, SandboxSpec
 from hpc.sandbox.bwrap import BwrapSandbox, bwrap_argv, mount_points
+from hpc.sandbox.supervisor import FORK_SERVER_NAME, SUPERVISOR_NAME
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0,
                                 reason="needs bubblewrap (make sysdeps) and root for overlay mounts")
@@ -36,6 +37,12 @@ def repo(tmp_path):
 def sandbox_processes(marker: str) -> list[str]:
     out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
+
+
+def named(comm: str) -> int:
+    """How many processes `ps -o comm` shows under this name."""
+    out = subprocess.run(["ps", "-eo", "comm="], capture_output=True, text=True).stdout
+    return sum(line.strip() == comm for line in out.splitlines())
 
 
 def test_exec_users_cwd_env_and_no_host_environment(repo, monkeypatch):
@@ -128,6 +135,7 @@ async def main():
     await asyncio.sleep(300)
 asyncio.run(main())
 """)
+    forks_before = named(FORK_SERVER_NAME)
     owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE)
     assert owner.stdout.readline() == b"ready\n"
     assert sandbox_processes("sleep 4343")
@@ -141,10 +149,11 @@ asyncio.run(main())
     assert not [m for m in Path("/proc/mounts").read_text().splitlines() if f"lowerdir={repo}" in m]
     # Its supervisor saw the owner go (its control socket closed) and removed everything else.
     deadline = time.monotonic() + 10
-    while (list(scratch.iterdir()) or sandbox_processes("hpc.sandbox.supervisor")) and time.monotonic() < deadline:
+    while (list(scratch.iterdir()) or named(SUPERVISOR_NAME) or named(FORK_SERVER_NAME) > forks_before) \
+            and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not list(scratch.iterdir())
-    assert not sandbox_processes("hpc.sandbox.supervisor")
+    assert not named(SUPERVISOR_NAME) and named(FORK_SERVER_NAME) == forks_before     # its fork server went too
 
 
 def test_a_killed_supervisor_takes_its_sandbox_with_it_and_the_next_one_reaps(repo, tmp_path):
@@ -155,7 +164,7 @@ def test_a_killed_supervisor_takes_its_sandbox_with_it_and_the_next_one_reaps(re
         sb = BwrapSandbox(SandboxSpec(workdir_source=str(repo), scratch_dir=str(scratch)))
         await sb.start()
         await sb.exec("setsid sleep 4444 > /dev/null 2>&1 < /dev/null & sleep 0.3")
-        os.kill(sb.supervisor.pid, signal.SIGKILL)
+        os.kill(sb.supervisor_pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while sandbox_processes("sleep 4444") and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

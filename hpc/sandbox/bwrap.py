@@ -21,10 +21,12 @@ import contextlib
 import itertools
 import json
 import os
+import select
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
@@ -128,7 +130,8 @@ class BwrapSandbox(SandboxContext):
         self.init_pid: int | None = None
         self.uid_base: int | None = None
         self.unenforced: dict[str, str] = {}
-        self.supervisor: subprocess.Popen | None = None
+        self.supervisor_pid: int | None = None
+        self._pidfd: int | None = None
         self._sock: socket.socket | None = None
         self._scratch: Path | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -195,14 +198,12 @@ class BwrapSandbox(SandboxContext):
                 "agent_tree": self.spec.workdir if agent_tree else None}
 
     def _launch(self, cfg: dict) -> None:
+        cfg["log"] = str(self._scratch / "supervisor.log")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock = ours
         with theirs:
-            self.supervisor = subprocess.Popen(
-                [self.python, "-m", "hpc.sandbox.supervisor", "--fd", str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),), env={"PYTHONPATH": _REPO, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                cwd="/", start_new_session=True)     # cwd: -m would import an `hpc` found there first
+            self.supervisor_pid = fork_server(self.python).fork(theirs)
+        self._pidfd = os.pidfd_open(self.supervisor_pid)
         ours.send(json.dumps(cfg).encode())
         ours.settimeout(60)
         try:
@@ -213,18 +214,16 @@ class BwrapSandbox(SandboxContext):
             reply = b""
         finally:
             ours.settimeout(None)
-        msg = json.loads(reply) if reply else {"op": "error", "error": self._supervisor_stderr()}
+        msg = json.loads(reply) if reply else {"op": "error", "error": "it exited"}
         if msg["op"] != "ready":
             raise SandboxError(f"the sandbox did not start: {msg.get('error')}\n{self._supervisor_stderr()}")
         self.init_pid, self.uid_base, self.unenforced = msg["init"], msg["uid_base"], msg["unenforced"]
 
     def _supervisor_stderr(self) -> str:
-        if self.supervisor is None:
+        try:
+            return (self._scratch / "supervisor.log").read_text(errors="replace").strip()[-2000:]
+        except (OSError, TypeError):
             return ""
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.supervisor.wait(5)
-        return self.supervisor.stderr.read().decode(errors="replace").strip()[-2000:] \
-            or f"the supervisor exited with {self.supervisor.returncode}"
 
     # -- the control channel ------------------------------------------------------------------
     def _on_message(self) -> None:
@@ -370,15 +369,14 @@ class BwrapSandbox(SandboxContext):
                 self._sock.send(json.dumps({"op": "stop"}).encode())
             self._sock.close()      # the supervisor also stops on EOF
             self._sock = None
-        if self.supervisor is not None:
-            try:
-                self.supervisor.wait(30)
-            except subprocess.TimeoutExpired:
+        if self._pidfd is not None:
+            if not select.select([self._pidfd], [], [], 30)[0]:
                 # Its bwrap dies with it (--die-with-parent); the scratch is removed below.
-                self.supervisor.kill()
-                self.supervisor.wait()
-            self.supervisor.stderr.close()
-            self.supervisor = None
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.supervisor_pid, signal.SIGKILL)
+                select.select([self._pidfd], [], [], 10)
+            os.close(self._pidfd)
+            self._pidfd = None
         self.init_pid = None
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
@@ -420,3 +418,57 @@ def _feed(fd: int, data: bytes) -> None:
 def _killpg(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+class ForkServer:
+    """The owner's fork server (hpc.sandbox.supervisor --serve): started once, it forks a supervisor per
+    sandbox. It ends when this process does (its socket closes); if it was killed, the next fork
+    starts another."""
+
+    def __init__(self, python: str):
+        self.python, self._lock = python, threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._sock: socket.socket | None = None
+
+    def fork(self, sock: socket.socket) -> int:
+        with self._lock:
+            for attempt in (1, 2):
+                if self._proc is None or self._proc.poll() is not None:
+                    self._spawn()
+                try:
+                    socket.send_fds(self._sock, [b'{"op": "fork"}'], [sock.fileno()])
+                    reply = self._sock.recv(4096)
+                except OSError:
+                    reply = b""
+                if reply:
+                    msg = json.loads(reply)
+                    if msg["op"] != "forked":
+                        raise SandboxError(f"the sandbox fork server refused: {msg.get('error')}")
+                    return msg["pid"]
+                self._proc.wait()
+                why = self._proc.stderr.read().decode(errors="replace").strip()[-2000:]
+                self._proc = None
+                if attempt == 2:      # once more after a fork server that was killed; twice is a fault
+                    raise SandboxError(f"the sandbox fork server ({self.python}) exited: {why or 'no reason given'}")
+        raise AssertionError("unreachable")
+
+    def _spawn(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with theirs:
+            self._proc = subprocess.Popen(
+                [self.python, "-m", "hpc.sandbox.supervisor", "--serve", "--fd", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),), env={"PYTHONPATH": _REPO, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                cwd="/", start_new_session=True)     # cwd: -m would import an `hpc` found there first
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = ours
+
+
+_fork_servers: dict[str, ForkServer] = {}
+_fork_servers_lock = threading.Lock()
+
+
+def fork_server(python: str) -> ForkServer:
+    with _fork_servers_lock:
+        return _fork_servers.setdefault(python, ForkServer(python))

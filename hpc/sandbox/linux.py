@@ -48,6 +48,23 @@ def _check(name: str, rc: int) -> int:
     return rc
 
 
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+
+
+def mount(source: str, target: str, fstype: str | None = None, flags: int = 0, data: str | None = None) -> None:
+    """mount(2): one system call where mount(8) would be a process (the sandbox's start makes several)."""
+    rc = _libc.mount(source.encode(), target.encode(), fstype.encode() if fstype else None, ctypes.c_ulong(flags),
+                     data.encode() if data else None)
+    if rc == -1:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {fstype or ''} {source} on {target}: {os.strerror(err)}")
+
+
 def unshare(flags: int) -> None:
     _check("unshare", _libc.unshare(ctypes.c_int(flags)))
 
@@ -59,6 +76,15 @@ def setns(fd: int, nstype: int = 0) -> None:
 def prctl(option: int, arg2: int = 0, arg3: int = 0, arg4: int = 0, arg5: int = 0) -> int:
     return _check("prctl", _libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg2), ctypes.c_ulong(arg3),
                                        ctypes.c_ulong(arg4), ctypes.c_ulong(arg5)))
+
+
+PR_SET_NAME = 15
+
+
+def set_name(name: str) -> None:
+    """The process's name as `ps -o comm` shows it (15 bytes at most)."""
+    buf = ctypes.create_string_buffer(name.encode()[:15])
+    _check("prctl", _libc.prctl(ctypes.c_int(PR_SET_NAME), buf, 0, 0, 0))
 
 
 def last_cap() -> int:

@@ -1,7 +1,8 @@
 """The host-side process of one bwrap sandbox: it builds it, runs every command in it, and ends it.
 
-`python3 -m hpc.sandbox.supervisor` (the system Python, where Debian's python3-seccomp lives),
-one per sandbox, started by hpc.sandbox.bwrap with a SOCK_SEQPACKET control socket on fd 3:
+`python3 -m hpc.sandbox.supervisor --serve` (the system Python, where Debian's python3-seccomp
+lives) is a fork server, one per owner process; it forks one supervisor per sandbox, each with a
+SOCK_SEQPACKET control socket from the owner (hpc.sandbox.bwrap). A supervisor:
 
 1. Takes a uid slot (a lock file held for the sandbox's life), makes the sandbox's cgroups.
 2. Forks the sandbox: a private mount namespace where the sized scratch disk and the overlays
@@ -42,6 +43,8 @@ from .cgroups import Cgroup, reap_abandoned, unenforced_message
 from .policy import MAX_SLOTS, ROOT_CAPS, SLOTS_DIR, Limits, UidRange, seccomp_filter
 
 CONTROL_FD = 3
+SUPERVISOR_NAME = "agentrl-sandbox"      # as `ps -o comm` shows them
+FORK_SERVER_NAME = "agentrl-forks"
 # bwrap runs as the sandbox's root, an unprivileged host uid that may not pass the 0700 directories
 # above a scratch dir, a tool dir or the adapter's socket: each bind source is bind-mounted first
 # under this directory (a tmpfs in the sandbox's private mount namespace) and bwrap gets that path.
@@ -147,17 +150,18 @@ class Supervisor:
         os.chown(cfg["scratch"], base, base)
         linux.unshare(linux.CLONE_NEWNS)
         run = lambda *a: subprocess.run(a, check=True, capture_output=True)  # noqa: E731
-        run("mount", "--make-rprivate", "/")
+        linux.mount("none", "/", None, linux.MS_REC | linux.MS_PRIVATE)
         disk = cfg["disk"]
         os.makedirs(disk, exist_ok=True)
         if self.limits.storage_mb:
-            run("mount", "-t", "tmpfs", "-o", f"size={self.limits.storage_mb}m,mode=0755", "tmpfs", disk)
+            linux.mount("tmpfs", disk, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV,
+                        f"size={self.limits.storage_mb}m,mode=0755")
         for i, layer in enumerate(cfg["layers"]):
             upper, work = f"{disk}/layer{i}/upper", f"{disk}/layer{i}/work"
             os.makedirs(upper)
             os.makedirs(work)
-            run("mount", "-t", "overlay", "overlay", "-o",
-                f"lowerdir={layer['source']},upperdir={upper},workdir={work},metacopy=on", layer["merged"])
+            linux.mount("overlay", layer["merged"], "overlay", 0,
+                        f"lowerdir={layer['source']},upperdir={upper},workdir={work},metacopy=on")
             if layer.get("owner") is not None:
                 host = self.uids.host(layer["owner"])
                 run("chown", "-R", f"{host}:{host}", layer["merged"])
@@ -167,10 +171,10 @@ class Supervisor:
         home.mkdir()
         os.chown(home, self.uids.host(1000), self.uids.host(1000))
         os.chown(disk, base, base)
-        run("mount", "-t", "tmpfs", "-o", "mode=0755,size=1m", "tmpfs", STAGE_DIR)
+        linux.mount("tmpfs", STAGE_DIR, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "mode=0755,size=1m")
         for source, staged in self._staged:
             os.mkdir(staged) if os.path.isdir(source) else open(staged, "w").close()
-            run("mount", "--bind", source, staged)
+            linux.mount(source, staged, None, linux.MS_BIND | linux.MS_REC)
         linux.unshare(linux.CLONE_NEWUSER)
         os.write(up_w, b"u")
         if os.read(go_r, 1) != b"g":
@@ -419,13 +423,14 @@ async def serve(sock: socket.socket, sup: Supervisor) -> None:
         server.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    fd = int(argv[argv.index("--fd") + 1]) if "--fd" in argv else CONTROL_FD
-    os.set_inheritable(fd, False)     # no process of the sandbox may hold the control socket
-    sock = socket.socket(fileno=fd)
-    # The owner's death closes the socket; a SIGKILL of the owner also reaches us this way.
+def supervise(sock: socket.socket) -> int:
+    """One sandbox, from its config (the first message) to its end."""
     cfg = json.loads(sock.recv(1 << 20))
+    log = cfg.get("log")
+    if log:     # this sandbox's diagnostics (and bwrap's) in a file of its own, read by the owner on failure
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        os.dup2(fd, 2)
+        os.close(fd)
     try:
         sup = Supervisor(sock, cfg)
     except Exception as e:  # noqa: BLE001
@@ -442,6 +447,47 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sup.teardown()
     return 0
+
+
+def serve_forks(server: socket.socket) -> int:
+    """The fork server: one per owner process, it forks a supervisor per sandbox (a fork of a warm
+    interpreter, not a Python start and its imports per sandbox). Ends when its owner does."""
+    linux.set_name(FORK_SERVER_NAME)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)       # its children are the owner's business: no zombies
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(server, 4096, 1)
+        except OSError:
+            return 0
+        if not data:
+            return 0
+        if len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            server.send(json.dumps({"op": "error", "error": "a fork request carries one socket"}).encode())
+            continue
+        pid = os.fork()
+        if pid == 0:
+            server.close()
+            linux.set_name(SUPERVISOR_NAME)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            os.setsid()
+            code = 1
+            try:
+                code = supervise(socket.socket(fileno=fds[0]))
+            finally:
+                os._exit(code)
+        os.close(fds[0])
+        server.send(json.dumps({"op": "forked", "pid": pid}).encode())
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    fd = int(argv[argv.index("--fd") + 1]) if "--fd" in argv else CONTROL_FD
+    os.set_inheritable(fd, False)     # no process of the sandbox may hold the control socket
+    sock = socket.socket(fileno=fd)
+    # The owner's death closes the socket; a SIGKILL of the owner also reaches us this way.
+    return serve_forks(sock) if "--serve" in argv else supervise(sock)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@ on that copy; the copy is removed at stop. It copies from a warm page cache, whi
     baseline: cp -a IMAGE, cp -a REPO into the copy's /testbed, bwrap on the copy
     Section (b) runs within --budget-s; a point that would not fit is skipped and says so.
 
+Both sections also run the runtime as it was before its hardening (no user namespace, seccomp filter,
+capability drop or limits; exec by nsenter): ours / unhardened is what the hardening costs.
+
 ratio = figure / baseline everywhere (below 1 is faster for times, above 1 is better for cycles/s).
 The image is built once from the host's /usr (offline) and cached under --dir; needs root (overlay mounts).
 
@@ -28,7 +31,9 @@ import concurrent.futures
 import json
 import math
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,11 +44,22 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hpc.images.hostroot import build_host_rootfs  # noqa: E402
-from hpc.sandbox.base import AGENT_GID, AGENT_UID, SandboxError, SandboxSpec  # noqa: E402
+from hpc.sandbox.base import (  # noqa: E402
+    AGENT_GID,
+    AGENT_UID,
+    ExecResult,
+    SandboxContext,
+    SandboxError,
+    SandboxSpec,
+    as_argv,
+    run_process,
+    sandbox_env,
+)
 from hpc.sandbox.bwrap import BwrapSandbox, bwrap_argv  # noqa: E402
 
 TARGET_READY_P50_S = 0.3
 TARGET_SPEEDUP = 20.0          # the copy's p50 / ours: ratio <= 1 / 20
+MIN_HARDENING_RATIO = 0.8      # the hardening may cost at most 20% of the unhardened cycles/s
 IMAGE_VERSION = 2
 
 REPO_FILES = {
@@ -98,35 +114,100 @@ class CopySandbox(BwrapSandbox):
     """The full-copy approach: `cp -a` of the whole rootfs per sandbox (work tree copied into it), then
     bwrap on the copy, writable, exactly as BwrapSandbox runs a rootfs; stop() removes the copy."""
 
+    def _plan(self, scratch: Path) -> dict:
+        spec = self.spec
+        root = scratch / "rootfs"
+        r = subprocess.run(["cp", "-a", spec.rootfs, str(root)], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SandboxError(f"copying the rootfs failed: {r.stderr.strip()}")
+        if spec.workdir_source:
+            wd = root / spec.workdir.lstrip("/")
+            shutil.rmtree(wd, ignore_errors=True)
+            subprocess.run(["cp", "-a", spec.workdir_source, str(wd)], check=True, capture_output=True)
+        argv = bwrap_argv(replace(spec, workdir_source=None), workdir_host=None, etc_host=None,
+                          rootfs_host=str(root), home_host=str(scratch / "disk" / "home"))
+        return {"bwrap": argv, "disk": str(scratch / "disk"), "layers": [], "scratch": str(scratch),
+                "image_root": self._image_root(str(root), argv, agent_tree=True), "limits": {}, "forwarder": None}
+
+
+class UnhardenedSandbox(SandboxContext):
+    """The runtime before the hardening, as the hardening's baseline: bwrap as the host's root with
+    no user namespace, no seccomp filter, no capability drop and no limits; every exec joins it with
+    nsenter as host root or uid 1000. Same overlays, same bwrap command line."""
+
+    def __init__(self, spec: SandboxSpec):
+        self.spec, self.init_pid, self._init, self._scratch = spec, None, None, None
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._start)
+
     def _start(self) -> None:
         spec = self.spec
-        self._scratch = Path(tempfile.mkdtemp(prefix="copy-", dir=spec.scratch_dir))
+        self._scratch = scratch = Path(tempfile.mkdtemp(prefix="unhardened-", dir=spec.scratch_dir))
         try:
-            root = self._scratch / "rootfs"
-            r = subprocess.run(["cp", "-a", spec.rootfs, str(root)], capture_output=True, text=True)
-            if r.returncode != 0:
-                raise SandboxError(f"copying the rootfs failed: {r.stderr.strip()}")
-            if spec.workdir_source:
-                wd = root / spec.workdir.lstrip("/")
-                shutil.rmtree(wd, ignore_errors=True)
-                subprocess.run(["cp", "-a", spec.workdir_source, str(wd)], check=True, capture_output=True)
-                subprocess.run(["chown", "-R", f"{AGENT_UID}:{AGENT_GID}", str(wd)], check=True, capture_output=True)
-            argv = bwrap_argv(replace(spec, workdir_source=None), workdir_host=None, etc_host=None,
-                              rootfs_host=str(root))
+            setup, layers = [], {}
+            for name, source, owner in (("root", spec.rootfs, None), ("work", spec.workdir_source, AGENT_UID)):
+                if source:
+                    d = {k: scratch / name / k for k in ("upper", "work", "merged")}
+                    for x in d.values():
+                        x.mkdir(parents=True)
+                    setup.append(shlex.join(["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={source},upperdir="
+                                             f"{d['upper']},workdir={d['work']},metacopy=on", str(d["merged"])]))
+                    if owner is not None:
+                        setup.append(shlex.join(["chown", "-R", f"{owner}:{owner}", str(d["merged"])]))
+                    layers[name] = str(d["merged"])
+            home = scratch / "home"
+            home.mkdir()
+            os.chown(home, AGENT_UID, AGENT_GID)
+            argv = bwrap_argv(spec, workdir_host=layers.get("work"), etc_host=None, rootfs_host=layers["root"],
+                              home_host=str(home))
             rfd, wfd = os.pipe()
-            argv[argv.index("--info-fd") + 1] = str(wfd)
+            argv[argv.index("@INFO_FD@")] = str(wfd)
+            argv = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
+                    " && ".join([*setup, 'exec "$@"']), "sh", *argv]
             self._init = subprocess.Popen(argv, pass_fds=(wfd,), env={}, stdin=subprocess.DEVNULL,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
             os.close(wfd)
-            self.init_pid = self._read_info(rfd)
-            self._wait_ready()
+            buf = b""
+            while True:         # bwrap keeps the fd open: read until the JSON is whole
+                chunk = os.read(rfd, 4096)
+                if not chunk:
+                    raise SandboxError(f"bwrap exited: {self._init.stderr.read().decode(errors='replace')}")
+                buf += chunk
+                try:
+                    self.init_pid = int(json.loads(buf)["child-pid"])
+                    break
+                except ValueError:
+                    continue
+            os.close(rfd)
+            cmdline = Path(f"/proc/{self.init_pid}/cmdline")
+            while cmdline.read_bytes() != b"sleep\0infinity\0":
+                time.sleep(0.002)
         except BaseException:
             self._stop()
             raise
 
+    async def exec(self, command, *, user="agent", cwd=None, env=None, timeout_s=None, stdin=None) -> ExecResult:
+        uid = 0 if user == "root" else AGENT_UID
+        argv = ["nsenter", "-t", str(self.init_pid), "-m", "-u", "-i", "-n", "-p", "-r", "-w", "-S", str(uid),
+                "-G", str(uid), "--", "/bin/sh", "-c", 'cd "$0" && exec "$@"', cwd or self.spec.workdir,
+                *as_argv(command)]
+        return await run_process(argv, env=sandbox_env(self.spec.env, env, user), stdin=stdin, timeout_s=timeout_s)
 
-APPROACHES = {"overlay": BwrapSandbox, "copy": CopySandbox}
-LABELS = {"overlay": "bwrap + overlay (ours)", "copy": "cp -a rootfs + bwrap"}
+    async def stop(self) -> None:
+        await asyncio.to_thread(self._stop)
+
+    def _stop(self) -> None:
+        if self._init is not None and self._init.poll() is None:
+            os.killpg(self._init.pid, signal.SIGKILL)
+            self._init.wait()
+        self._init = None
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+APPROACHES = {"overlay": BwrapSandbox, "copy": CopySandbox, "unhardened": UnhardenedSandbox}
+LABELS = {"overlay": "bwrap + overlay (ours)", "copy": "cp -a rootfs + bwrap", "unhardened": "ours, unhardened"}
 
 
 # ---------------------------------------------------------------- measurements
@@ -171,6 +252,7 @@ async def measure_ready(image: str, scratch: str, rounds: int) -> dict:
     fig, base = out["overlay"], out["copy"]
     ratio_p50 = _ratio(fig["p50_s"], base["p50_s"])
     return {"rounds": rounds, "figure": fig, "baseline": base, "ratio_p50": ratio_p50,
+            "unhardened": out["unhardened"], "hardening_ratio_p50": _ratio(fig["p50_s"], out["unhardened"]["p50_s"]),
             "ratio_p95": _ratio(fig["p95_s"], base["p95_s"]),
             "target": {"p50_s": TARGET_READY_P50_S, "max_ratio_p50": round(1 / TARGET_SPEEDUP, 4)},
             "meets_target": bool(fig["p50_s"] <= TARGET_READY_P50_S and ratio_p50 is not None
@@ -227,12 +309,12 @@ async def measure_throughput(image: dict, scratch: str, concurrency: list[int], 
     repo = _make_repo(Path(scratch) / "repo")
     spec = SandboxSpec(rootfs=image["path"], workdir_source=str(repo), scratch_dir=scratch)
     points = [(c, k) for c in concurrency for k in APPROACHES]
-    weight = {"overlay": 1.0, "copy": 2.0}   # the copy needs longer to reach a steady state
+    weight = {"overlay": 1.0, "copy": 2.0, "unhardened": 1.0}   # the copy needs longer to reach a steady state
     t_start = time.monotonic()
     per_cycle = {k: ready[k]["p50_s"] + ready[k]["stop_p50_s"] + 0.2 for k in APPROACHES}  # first guess
     rate: dict[str, float] = {}                # the latest measured cycles/s of each approach
-    rows = {c: {"concurrency": c, "figure": None, "baseline": None, "ratio": None, "skipped": []}
-            for c in concurrency}
+    rows = {c: {"concurrency": c, "figure": None, "baseline": None, "unhardened": None, "ratio": None,
+                "hardening_ratio": None, "skipped": []} for c in concurrency}
     skipped = []
     for i, (c, k) in enumerate(points):
         remaining = budget_s - (time.monotonic() - t_start)
@@ -253,12 +335,14 @@ async def measure_throughput(image: dict, scratch: str, concurrency: list[int], 
             continue
         r = await measure_cycles(k, spec, c, max(min(slot, remaining) - est, 0.0))
         rate[k] = r["cycles_per_s"]
-        rows[c]["figure" if k == "overlay" else "baseline"] = r
+        rows[c][{"overlay": "figure", "copy": "baseline", "unhardened": "unhardened"}[k]] = r
         log(f"  {LABELS[k]:<24} concurrency {c:>3}: {r['cycles']:>4} cycles in {r['wall_s']:>6.1f} s "
             f"= {r['cycles_per_s']:.2f}/s")
     for row in rows.values():
         if row["figure"] and row["baseline"]:
             row["ratio"] = _ratio(row["figure"]["cycles_per_s"], row["baseline"]["cycles_per_s"])
+        if row["figure"] and row["unhardened"]:
+            row["hardening_ratio"] = _ratio(row["figure"]["cycles_per_s"], row["unhardened"]["cycles_per_s"])
     return list(rows.values()), skipped
 
 
@@ -308,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--dir {args.dir} is not a directory")
     if os.geteuid() != 0:
         ap.error("needs root: the copy-on-write layer is an overlay mount (run it as root, e.g. with sudo)")
-    for tool, pkg in (("bwrap", "bubblewrap"), ("nsenter", "util-linux"), ("ldd", "libc-bin"), ("cp", "coreutils")):
+    for tool, pkg in (("bwrap", "bubblewrap"), ("nsenter", "util-linux"), ("ldd", "libc-bin"), ("cp", "coreutils"),
+                      ("/usr/bin/python3", "python3-seccomp")):
         if shutil.which(tool) is None:
             ap.error(f"{tool} is not installed (Debian: apt-get install {pkg})")
 
@@ -327,24 +412,29 @@ def main(argv: list[str] | None = None) -> int:
         log(f"\n(a) start to first exec ready (start() + exec `true`), {rounds} rounds each, interleaved")
         ready = asyncio.run(measure_ready(image["path"], scratch, rounds))
         log(f"{'':<26}{'p50 s':>8}{'p95 s':>8}{'stop p50 s':>12}")
-        for key in ("figure", "baseline"):
+        for key in ("figure", "baseline", "unhardened"):
             r = ready[key]
             log(f"{r['name']:<26}{r['p50_s']:>8.3f}{r['p95_s']:>8.3f}{r['stop_p50_s']:>12.3f}")
         sp = 1 / ready["ratio_p50"] if ready["ratio_p50"] else float("inf")
         log(f"{'ratio (ours / copy)':<26}{ready['ratio_p50']:>8.3f}{ready['ratio_p95']:>8.3f}"
             f"    = {sp:.1f}x faster at p50")
+        log(f"{'ratio (ours / unhardened)':<26}{ready['hardening_ratio_p50']:>8.3f}   (the hardening's cost)")
         log(f"target: p50 <= {TARGET_READY_P50_S} s and >= {TARGET_SPEEDUP:.0f}x faster than the copy "
             f"(ratio <= {1 / TARGET_SPEEDUP:.2f}): {'met' if ready['meets_target'] else 'NOT met'}")
 
         log(f"\n(b) cycles/s of start + agent exec + unittest as root + stop, budget {budget_s:.0f} s")
         rows, skipped = asyncio.run(measure_throughput(image, scratch, concurrency, budget_s,
-                                                       {"overlay": ready["figure"], "copy": ready["baseline"]}, log))
-        log(f"{'concurrency':>11}{'ours cycles/s':>15}{'copy cycles/s':>15}{'ratio':>8}")
+                                                       {"overlay": ready["figure"], "copy": ready["baseline"],
+                                                        "unhardened": ready["unhardened"]}, log))
+        log(f"{'concurrency':>11}{'ours cycles/s':>15}{'copy cycles/s':>15}{'ratio':>8}"
+            f"{'unhardened':>12}{'ours/unhardened':>17}  (target >= {MIN_HARDENING_RATIO})")
         for row in rows:
             f = f"{row['figure']['cycles_per_s']:.2f}" if row["figure"] else "skipped"
             b = f"{row['baseline']['cycles_per_s']:.2f}" if row["baseline"] else "skipped"
+            u = f"{row['unhardened']['cycles_per_s']:.2f}" if row["unhardened"] else "skipped"
             rt = f"{row['ratio']:.2f}" if row["ratio"] is not None else "-"
-            log(f"{row['concurrency']:>11}{f:>15}{b:>15}{rt:>8}")
+            hr = f"{row['hardening_ratio']:.2f}" if row["hardening_ratio"] is not None else "-"
+            log(f"{row['concurrency']:>11}{f:>15}{b:>15}{rt:>8}{u:>12}{hr:>17}")
         log("skipped: " + ("; ".join(skipped) if skipped else "nothing"))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -4,6 +4,7 @@ import asyncio
 import http.server
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -13,8 +14,9 @@ from pathlib import Path
 import pytest
 from http_fixtures import Hello, UnixHTTPServer, serve
 
-from hpc.sandbox.base import SandboxSpec
-from hpc.sandbox.bwrap import BwrapSandbox, bwrap_argv, nsenter_argv
+from hpc.sandbox.base import SandboxError, SandboxSpec
+from hpc.sandbox.bwrap import BwrapSandbox, bwrap_argv, mount_points
+from hpc.sandbox.supervisor import FORK_SERVER_NAME, SUPERVISOR_NAME
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0,
                                 reason="needs bubblewrap (make sysdeps) and root for overlay mounts")
@@ -35,6 +37,12 @@ def repo(tmp_path):
 def sandbox_processes(marker: str) -> list[str]:
     out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
+
+
+def named(comm: str) -> int:
+    """How many processes `ps -o comm` shows under this name."""
+    out = subprocess.run(["ps", "-eo", "comm="], capture_output=True, text=True).stdout
+    return sum(line.strip() == comm for line in out.splitlines())
 
 
 def test_exec_users_cwd_env_and_no_host_environment(repo, monkeypatch):
@@ -117,7 +125,7 @@ def test_a_killed_owner_takes_its_sandboxes_with_it(repo, tmp_path):
     script.write_text(f"""
 import asyncio, sys
 sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
-from hpc.sandbox.base import SandboxSpec
+from hpc.sandbox.base import SandboxError, SandboxSpec
 from hpc.sandbox.bwrap import BwrapSandbox
 async def main():
     sb = BwrapSandbox(SandboxSpec(workdir_source={str(repo)!r}, scratch_dir={str(scratch)!r}))
@@ -127,6 +135,7 @@ async def main():
     await asyncio.sleep(300)
 asyncio.run(main())
 """)
+    forks_before = named(FORK_SERVER_NAME)
     owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE)
     assert owner.stdout.readline() == b"ready\n"
     assert sandbox_processes("sleep 4343")
@@ -138,15 +147,35 @@ asyncio.run(main())
     assert not sandbox_processes("sleep 4343")
     # Its copy-on-write mounts lived in the sandbox's own mount namespace: gone with it.
     assert not [m for m in Path("/proc/mounts").read_text().splitlines() if f"lowerdir={repo}" in m]
-    # Its scratch dirs (layers, /etc) stay until the next sandbox on the node reaps them.
-    leftovers = sorted(p.name for p in scratch.iterdir())
-    assert len(leftovers) == 2 and all(f".{owner.pid}." in name for name in leftovers)
+    # Its supervisor saw the owner go (its control socket closed) and removed everything else.
+    deadline = time.monotonic() + 10
+    while (list(scratch.iterdir()) or named(SUPERVISOR_NAME) or named(FORK_SERVER_NAME) > forks_before) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not list(scratch.iterdir())
+    assert not named(SUPERVISOR_NAME) and named(FORK_SERVER_NAME) == forks_before     # its fork server went too
 
-    async def next_sandbox():
-        async with BwrapSandbox(SandboxSpec(workdir_source=str(repo), scratch_dir=str(scratch))):
-            return sorted(p.name for p in scratch.iterdir())
-    during = run(next_sandbox())
-    assert not set(leftovers) & set(during) and len(during) == 2
+
+def test_a_killed_supervisor_takes_its_sandbox_with_it_and_the_next_one_reaps(repo, tmp_path):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+
+    async def go():
+        sb = BwrapSandbox(SandboxSpec(workdir_source=str(repo), scratch_dir=str(scratch)))
+        await sb.start()
+        await sb.exec("setsid sleep 4444 > /dev/null 2>&1 < /dev/null & sleep 0.3")
+        os.kill(sb.supervisor_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while sandbox_processes("sleep 4444") and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not sandbox_processes("sleep 4444")
+        with pytest.raises(SandboxError, match="supervisor exited"):
+            await sb.exec("true")
+        left = sorted(p.name for p in scratch.iterdir())
+        await sb.stop()
+        return left
+    left = run(go())
+    assert len(left) == 1            # the owner is alive, so it removes it at stop
     assert not list(scratch.iterdir())
 
 
@@ -188,7 +217,7 @@ def test_command_lines():
     spec = SandboxSpec(workdir="/work", ro_binds={"/opt/tools": "/tools"}, adapter_socket="/run/x.sock")
     argv = bwrap_argv(spec, workdir_host="/scratch/w", etc_host="/scratch/etc", rootfs_host=None)
     assert argv[0] == "bwrap" and "--clearenv" in argv and "--die-with-parent" in argv
-    # every namespace but a user namespace (see test_the_agent_can_write_its_home_and_tmp)
+    # the supervisor makes the user namespace (see test_the_agent_can_write_its_home_and_tmp)
     assert {"--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"} <= set(argv)
     assert not {"--unshare-all", "--unshare-user", "--unshare-user-try"} & set(argv)
     assert ["--bind", "/scratch/w", "/work"] == argv[argv.index("/scratch/w") - 1:argv.index("/scratch/w") + 2]
@@ -197,9 +226,8 @@ def test_command_lines():
     image = bwrap_argv(SandboxSpec(), workdir_host=None, etc_host=None, rootfs_host="/cache/rootfs/x")
     i = image.index("/cache/rootfs/x")
     assert image[i - 1:i + 2] == ["--bind", "/cache/rootfs/x", "/"]
-    ns = nsenter_argv(42, "agent", "/work", ["ls"])
-    assert ns[:3] == ["nsenter", "-t", "42"] and ["-S", "1000", "-G", "1000"] == ns[ns.index("-S"):ns.index("-S") + 4]
-    assert ns[-3:] == ['cd "$0" && exec "$@"', "/work", "ls"]
+    assert ("/tmp", "dir") in mount_points(image) and ("/run/agentrl", "dir") in mount_points(image)
+    assert argv[argv.index("--cap-drop") + 1] == "ALL"
     with pytest.raises(ValueError):
         run(BwrapSandbox(SandboxSpec()).exec("true", user="nobody"))
 

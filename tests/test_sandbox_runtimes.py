@@ -31,6 +31,7 @@ from hpc.sandbox.apptainer import (
     stop_argv,
 )
 from hpc.sandbox.base import SandboxError, SandboxSpec
+from hpc.sandbox.policy import dropped_capabilities
 from hpc.sandbox.bwrap import BwrapSandbox
 from hpc.sandbox.factory import make_sandbox
 from hpc.sandbox.local import LocalSandbox
@@ -38,7 +39,8 @@ from hpc.sandbox.local import LocalSandbox
 FAKE = r'''
 import json, os, shlex, signal, subprocess, sys, time
 STATE = __STATE__
-VALUED = {"--network", "--overlay", "--workdir", "--home", "--bind", "--env-file", "--pwd", "--size", "--timeout"}
+VALUED = {"--network", "--overlay", "--workdir", "--home", "--bind", "--env-file", "--pwd", "--size", "--timeout",
+          "--drop-caps", "--security"}
 
 def parse(args):
     opts, i = {}, 0
@@ -96,6 +98,8 @@ elif args[:2] == ["instance", "stop"]:
     while alive(st["pid"]):
         time.sleep(0.01)
     os.unlink(os.path.join(STATE, rest[0] + ".json"))
+elif args[0] == "exec" and rest[1:] == ["kill", "-9", "-1"]:
+    pass    # in an instance this is its own pid namespace; on this host it would be every process
 elif args[0] == "exec":
     st = state(rest[0][len("instance://"):])
     def host(a):
@@ -185,14 +189,15 @@ def test_lifecycle_command_lines_and_no_host_environment(fake, repo, image, tmp_
     name = sb.name
     assert log[0]["argv"] == ["overlay", "create", "--size", "16384", "--sparse", f"{scratch}/overlay.img"]
     start = log[1]["argv"]
-    assert start[:8] == ["instance", "start", "--containall", "--cleanenv", "--net", "--network", "none",
-                         "--overlay"]
+    assert start[:11] == ["instance", "start", "--containall", "--cleanenv", "--net", "--network", "none",
+                          "--no-privs", "--security", f"seccomp:{scratch}/seccomp.json", "--overlay"]
     assert "--fakeroot" not in start and start[-2:] == [image, name]
     binds = [start[i + 1] for i, a in enumerate(start) if a == "--bind"]
     assert binds[0].endswith(":/testbed") and binds[0].startswith(str(tmp_path)) and binds[1] == "/opt:/tools:ro"
     assert start[start.index("--home") + 1] == f"{scratch}/home:/home/agent"
     ex = log[3]["argv"]
-    assert ex[:3] == ["exec", "--cleanenv", "--env-file"] and ex[4:7] == ["--pwd", "/testbed", f"instance://{name}"]
+    assert ex[:5] == ["exec", "--cleanenv", "--no-privs", "--security", f"seccomp:{scratch}/seccomp.json"]
+    assert ex[5] == "--env-file" and ex[7:10] == ["--pwd", "/testbed", f"instance://{name}"]
     assert log[4]["argv"][-3:] == ["sh", "-c", "echo oops >&2; exit 7"]
     assert "EXTRA='a,b c$'\"'\"''" in log[4]["env_file"]        # quoted, commas and all
     assert "HOME=" not in log[4]["env_file"]
@@ -229,6 +234,10 @@ def test_fakeroot_only_when_asked(fake, image):
     overlay, start = calls()[0]["argv"], calls()[1]["argv"]
     assert "--fakeroot" in overlay and "--fakeroot" in start
     assert start[start.index("--home") + 1].endswith("/home:/root")
+    # fake root keeps what grading needs (chown, setuid...) and no more; seccomp as for bwrap
+    dropped = start[start.index("--drop-caps") + 1].split(",")
+    assert {"CAP_SYS_ADMIN", "CAP_MKNOD", "CAP_SYS_MODULE", "CAP_NET_ADMIN", "CAP_SYS_PTRACE"} <= set(dropped)
+    assert not {"CAP_CHOWN", "CAP_SETUID", "CAP_DAC_OVERRIDE"} & set(dropped) and "--no-privs" not in start
 
 
 def test_timeout_kills_the_exec_process_group(fake, image):
@@ -319,6 +328,10 @@ def test_argv_builders_follow_the_apptainer_docs():
     instance_stop_linux.go: default signal SIGINT; "-F, --force force kill instance" (SIGKILL);
       "-t, --timeout force kill non stopped instances after X seconds" (default 10).
     instance_linux.go: `instance list --json` prints {"instances": [{"instance", "pid", "img", "ip", ...}]}.
+    apptainer-exec(1) / action_flags.go: "--no-privs  drop all privileges from root user in container",
+      "--drop-caps  a comma separated capability list to drop", "--security  enable security features
+      (SELinux, Apparmor, Seccomp)"; userdocs security_options.rst: "seccomp:<profile>" takes a JSON
+      profile in the OCI (Docker) format, where Apptainer was built with seccomp support.
     userdocs environment_and_metadata.rst: --env-file holds NAME=VALUE pairs (MYVAR="Hello from a file");
       --env "Separate multiple variables with commas" (so values with commas go through the file).
     """
@@ -326,16 +339,19 @@ def test_argv_builders_follow_the_apptainer_docs():
     paths = InstancePaths("/s/o.img", "/s/work", "/s/home", "/s/tree")
     argv = instance_start_argv("apptainer", spec, "/img/t.sif", "agentrl-x", paths, fakeroot=False)
     assert argv == ["apptainer", "instance", "start", "--containall", "--cleanenv", "--net", "--network", "none",
-                    "--overlay", "/s/o.img", "--workdir", "/s/work", "--home", "/s/home:/home/agent",
+                    "--no-privs", "--overlay", "/s/o.img", "--workdir", "/s/work", "--home", "/s/home:/home/agent",
                     "--bind", "/s/tree:/work", "--bind", "/opt/tools:/tools:ro",
                     "--bind", "/run/a.sock:/run/agentrl/adapter.sock",
                     "--bind", f"{FORWARDER_HOST}:/run/agentrl/forwarder.py:ro", "/img/t.sif", "agentrl-x"]
     root = instance_start_argv("apptainer", SandboxSpec(), "/i.sif", "n", InstancePaths("o", "w", "h", None),
-                               fakeroot=True)
+                               fakeroot=True, seccomp_profile="/s/seccomp.json")
     assert root == ["apptainer", "instance", "start", "--containall", "--cleanenv", "--net", "--network", "none",
-                    "--fakeroot", "--overlay", "o", "--workdir", "w", "--home", "h:/root", "/i.sif", "n"]
+                    "--fakeroot", "--drop-caps", ",".join(dropped_capabilities()), "--security", "seccomp:/s/seccomp.json",
+                    "--overlay", "o", "--workdir", "w", "--home", "h:/root", "/i.sif", "n"]
     assert overlay_create_argv("apptainer", "/s/o.img", 1024, fakeroot=False) == \
         ["apptainer", "overlay", "create", "--size", "1024", "--sparse", "/s/o.img"]
+    assert exec_argv("apptainer", "n", "/w", "/s/env", ["ls"], security=["--no-privs"]) == \
+        ["apptainer", "exec", "--cleanenv", "--no-privs", "--env-file", "/s/env", "--pwd", "/w", "instance://n", "ls"]
     assert exec_argv("apptainer", "n", "/work", "/s/env", ["ls", "-l"]) == \
         ["apptainer", "exec", "--cleanenv", "--env-file", "/s/env", "--pwd", "/work", "instance://n", "ls", "-l"]
     assert stop_argv("apptainer", "n") == ["apptainer", "instance", "stop", "--timeout", "10", "n"]

@@ -219,13 +219,11 @@ def _same_sandbox(hack: str) -> list[float]:
 
 
 @needs_bwrap
-@pytest.mark.xfail(strict=False, reason="needs the sandbox rework: kill-all before the patch, .git restored")
 def test_a_background_daemon_does_not_fool_same_sandbox_grading():
     assert _same_sandbox("background-daemon") == [0.0, 0.0]
 
 
 @needs_bwrap
-@pytest.mark.xfail(strict=False, reason="needs the sandbox rework: kill-all before the patch, .git restored")
 def test_a_git_hook_does_not_fool_same_sandbox_grading():
     assert _same_sandbox("git-hook") == [0.0, 0.0]
 

@@ -9,6 +9,7 @@ tests, a crashed agent) is a real outcome: its samples carry the real reward.
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import shutil
 import tempfile
@@ -24,6 +25,7 @@ import numpy as np
 from hpc.buffer import Sample
 from hpc.images.cache import ImageCache
 from hpc.sandbox.base import SandboxError
+from hpc.sandbox.cgroups import unenforced_message
 
 from ..adapter.service import Adapter
 from ..harness import get_harness
@@ -35,6 +37,7 @@ from ..swe.check import LoadedTask, grade_attempt, materialize
 from ..swe.sandboxes import task_sandbox
 from .config import PoolConfig
 
+log = logging.getLogger("agentrl.pool")
 TOOLS_IN_SANDBOX = "/opt/agentrl/tools"
 ADAPTER_PORT = 8000
 
@@ -54,6 +57,7 @@ class PoolContext:
     agents: asyncio.Semaphore
     sampling: dict[str, Any]
     cache: ImageCache | None = None
+    limits_reported: bool = False     # the node's unenforceable limits are said once, at the first sandbox
 
 
 @dataclass
@@ -104,7 +108,8 @@ async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt
                                       ro_binds={str(ctx.tools_dir): TOOLS_IN_SANDBOX},
                                       allow_unsafe_local=cfg.allow_unsafe_local)
                     await stack.enter_async_context(sb)
-                    await episode.baseline(sb, spec)
+                    _report_limits(ctx, sb)
+                    await episode.baseline(sb, spec, restorable=cfg.grading == "same")
                 except SandboxError as e:
                     raise InfraError(f"sandbox: {e}") from None
             timings["boot_s"] = time.monotonic() - t0
@@ -158,6 +163,13 @@ async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt
         if key is not None:
             ctx.adapter.sessions.drop(key)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _report_limits(ctx: PoolContext, sb) -> None:
+    unenforced = getattr(sb, "unenforced", None)
+    if not ctx.limits_reported and unenforced:
+        log.warning(unenforced_message(unenforced))
+    ctx.limits_reported = True
 
 
 async def _grade(ctx: PoolContext, task: LoadedTask, spec, sb, diff: bytes, work: Path) -> episode.Grade:

@@ -39,7 +39,9 @@ class PoolConfig(BaseModel):
     compact_at: float = Field(default=0.6, gt=0, le=1)
     # the attempt
     agent_timeout_s: float | None = Field(default=None, gt=0)   # default: the task's own
-    grading: Literal["same", "isolated"] = "same"
+    # isolated: the patch is graded in a fresh sandbox of the task, so nothing the agent did
+    # outside its patch can reach the grader (docs/sandbox.md, "Grading modes").
+    grading: Literal["same", "isolated"] = "isolated"
     empty_patch_policy: Literal["off", "metrics", "abort"] = "metrics"
     extra_args: list[str] = Field(default_factory=list)
     extra_env: dict[str, str] = Field(default_factory=dict)

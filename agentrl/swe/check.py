@@ -142,10 +142,12 @@ GRADINGS = ("same", "isolated")
 async def grade_attempt(task: LoadedTask, spec: TaskSpec, sb: Sandbox, diff: bytes, grading: str,
                         fresh: Callable[[], Sandbox]) -> episode.Grade:
     """An attempt's grade, the way the pool grades it: "same" runs the verifier in the agent's sandbox
-    `sb`; "isolated" applies the agent's patch `diff` to `fresh()` (an unstarted sandbox of the task)
+    `sb`, first restored to the baseline and the patch (`baseline(restorable=True)`); "isolated"
+    applies the agent's patch `diff` to `fresh()` (an unstarted sandbox of the task)
     and grades there, so nothing the agent left in its sandbox (a root-capable agent could have
     tampered with the grader) is trusted."""
     if grading == "same":
+        await episode.restore(sb, spec, diff)
         return await episode.grade(sb, spec, task.tests, env=task.verifier_env)
     if grading != "isolated":
         raise ValueError(f"grading must be one of {', '.join(GRADINGS)}, got {grading!r}")

@@ -4,7 +4,10 @@ The steps a rollout (and `agentrl tasks check`) takes, each a small async functi
 over a Sandbox, so that the pool, eval and checks share them:
     baseline  -> remember the work tree as the agent finds it (a git tree outside it)
     run_agent -> the agent's command as the non-root agent user, stopped at its time limit
-    patch     -> what the agent changed, binary-safe, scratch files excluded
+    patch     -> every process the agent left is killed, then what it changed (binary-safe,
+                 scratch files excluded)
+    restore   -> same-sandbox grading only: the work tree back to the baseline (its .git too),
+                 the patch applied: the work tree holds the patch and nothing else
     grade     -> the verifier's files enter now (not before), eval as root, Harbor's reward
 """
 
@@ -21,8 +24,11 @@ from .task import RewardError, TaskSpec, reward_from
 
 # Root's own git dir, outside the work tree: the agent can neither see nor rewrite the baseline.
 BASELINE_GIT = "/var/lib/agentrl/baseline.git"
+SAVED_DOTGIT = "/var/lib/agentrl/dotgit"    # the repository's own .git as the agent found it
 TESTS_DIR = "/tests"
 LOGS_DIR = "/logs/verifier"
+# What the grader's root makes in an image it does not own (hpc.sandbox.base.SandboxSpec.root_dirs).
+GRADER_DIRS = (str(Path(BASELINE_GIT).parent), TESTS_DIR, LOGS_DIR)
 _GIT = ["git", f"--git-dir={BASELINE_GIT}", "-c", "user.name=agentrl", "-c", "user.email=agentrl@localhost",
         "-c", "core.fileMode=true", "-c", "safe.directory=*"]
 
@@ -47,8 +53,12 @@ async def _check(sb: Sandbox, argv: Sequence[str] | str, what: str, **kw) -> Exe
     return r
 
 
-async def baseline(sb: Sandbox, spec: TaskSpec) -> None:
-    """Record the work tree as the agent will find it (reset to base_commit only if the task asks)."""
+async def baseline(sb: Sandbox, spec: TaskSpec, *, restorable: bool = False) -> None:
+    """Record the work tree as the agent will find it (reset to base_commit only if the task asks).
+
+    `restorable`: also keep a copy of the repository's .git (which no patch carries), for
+    `restore` before same-sandbox grading.
+    """
     w = spec.workdir
     if spec.reset_to_base_commit and spec.base_commit:
         await _check(sb, ["git", "-C", w, "-c", "safe.directory=*", "checkout", "-q", "-f", spec.base_commit],
@@ -59,6 +69,9 @@ async def baseline(sb: Sandbox, spec: TaskSpec) -> None:
     await _check(sb, [*_git(w, "add", "-A", "-f", ".")], "git add", user="root", cwd=w)
     await _check(sb, [*_git(w, "commit", "-q", "--allow-empty", "--no-verify", "-m", "start")],
                  "git commit", user="root", cwd=w)
+    if restorable:
+        await _check(sb, ["sh", "-c", '[ ! -d "$0/.git" ] || cp -a "$0/.git" "$1"', w, SAVED_DOTGIT],
+                     "save .git", user="root", cwd="/")
     # An image's work tree belongs to its root; the agent is not root. On an overlay this
     # copies metadata only. (The local runtime's "root" is the current user: nothing to hand over.)
     owner = f"{AGENT_UID}:{AGENT_GID}"
@@ -74,7 +87,12 @@ async def run_agent(sb: Sandbox, spec: TaskSpec, command: Sequence[str] | str,
 
 
 async def patch(sb: Sandbox, spec: TaskSpec) -> bytes:
-    """The agent's change against the baseline: `git diff --binary`, untracked files included."""
+    """The agent's change against the baseline: `git diff --binary`, untracked files included.
+
+    First every process of the sandbox but its init is killed: a daemon the agent left behind
+    (setsid, nohup, a double fork) would otherwise go on editing files while they are graded.
+    """
+    await sb.kill_processes()
     w = spec.workdir
     excludes = [f":(exclude,glob){p}" for p in spec.files_to_exclude_from_patch]
     # A throwaway index: staging everything must not touch the baseline's own index.
@@ -84,6 +102,24 @@ async def patch(sb: Sandbox, spec: TaskSpec) -> bytes:
     r = await _check(sb, [*_git(w, "diff", "--cached", "--binary", "HEAD", "--", ".", *excludes)],
                      "git diff", user="root", cwd=w, env=env)
     return r.stdout
+
+
+async def restore(sb: Sandbox, spec: TaskSpec, diff: bytes) -> None:
+    """Same-sandbox grading: nothing of the agent's but its patch reaches the grader.
+
+    The work tree goes back to the baseline (tracked files checked out, everything else removed),
+    its .git comes back from the copy `baseline(restorable=True)` kept (hooks, config and
+    fsmonitor the agent set would otherwise run as root when a test.sh runs git), and the patch is
+    applied. What the agent left outside the work tree (/tmp, its HOME) stays: isolated grading
+    is the mode where nothing of the agent's sandbox is trusted.
+    """
+    w = spec.workdir
+    await sb.kill_processes()
+    await _check(sb, [*_git(w, "checkout", "-q", "-f", "HEAD", "--", ".")], "git checkout", user="root", cwd="/")
+    await _check(sb, [*_git(w, "clean", "-q", "-ffdx")], "git clean", user="root", cwd="/")
+    await _check(sb, ["sh", "-c", 'rm -rf "$0/.git" && { [ ! -d "$1" ] || cp -a "$1" "$0/.git"; }', w, SAVED_DOTGIT],
+                 "restore .git", user="root", cwd="/")
+    await apply_patch(sb, spec, diff)
 
 
 async def install_tests(sb: Sandbox, tests: Mapping[str, bytes]) -> None:
@@ -100,8 +136,15 @@ async def grade(sb: Sandbox, spec: TaskSpec, tests: Mapping[str, bytes],
     await install_tests(sb, tests)
     await _check(sb, ["mkdir", "-p", LOGS_DIR], "logs dir", user="root", cwd="/")
     r = await sb.exec(spec.eval_command, user="root", cwd=spec.workdir, env=env, timeout_s=spec.timeouts.eval_s)
+    # Whatever the code under test started does not get to write the reward after the verifier.
+    await sb.kill_processes()
     if r.timed_out:
         return Grade(0.0, r.exit_code, r.stdout + r.stderr, time.monotonic() - t0, True)
+    if r.exit_code < 0:
+        # Killed by a signal (the code under test can kill its verifier after writing reward.txt):
+        # no reward file it left is the verifier's verdict.
+        return Grade(0.0, r.exit_code, r.stdout + r.stderr + b"\n[agentrl] the verifier was killed by a signal",
+                     time.monotonic() - t0, False)
     files = {}
     for name in ("reward.txt", "reward.json"):
         try:

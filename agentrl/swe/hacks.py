@@ -325,7 +325,7 @@ async def run_hack(task: LoadedTask, hack: Hack, grading: str = "both", where: W
     t0 = time.monotonic()
     try:
         async with sandbox("repo") as sb:
-            await episode.baseline(sb, spec)
+            await episode.baseline(sb, spec, restorable="same" in _modes(grading))
             r = await episode.run_agent(sb, spec, ["bash", "-c", hack.script])
             note = "" if r.exit_code == 0 else \
                 f"the hack's script exited {r.exit_code}: {r.stderr.decode(errors='replace').strip()[-300:]}"

@@ -333,11 +333,15 @@ def parse_task_toml(text: str, task_dir: Path, toml_path: Path, tree: TaskTree |
     agent, verifier = _section(cfg, "agent", toml_path), _section(cfg, "verifier", toml_path)
     env, meta = _section(cfg, "environment", toml_path), _section(cfg, "metadata", toml_path)
     image, workdir = _image_and_workdir(env, tree, toml_path)
-    for key in ("cpus", "memory_mb"):
+    for key in ("cpus", "memory_mb", "storage_mb"):
         _finite(env, "environment", key, toml_path)
     memory_mb = env.get("memory_mb")
     if memory_mb is None:
         memory_mb = _size_mb(env["memory"], toml_path) if isinstance(env.get("memory"), str) else DEFAULT_MEMORY_MB
+    # Harbor's storage_mb (older tasks: storage = "10G"); none: the node's scratch disk is the limit.
+    storage_mb = env.get("storage_mb")
+    if storage_mb is None and isinstance(env.get("storage"), str):
+        storage_mb = _size_mb(env["storage"], toml_path)
     verifier_env = verifier.get("env", {})
     if not isinstance(verifier_env, dict) or not all(isinstance(v, str) for v in verifier_env.values()):
         raise HarborTaskError(toml_path, "[verifier] env must be a table of strings")
@@ -351,7 +355,7 @@ def parse_task_toml(text: str, task_dir: Path, toml_path: Path, tree: TaskTree |
         "timeouts": {"agent_s": _positive(agent, "agent", "timeout_sec", toml_path, None),
                      "eval_s": _positive(verifier, "verifier", "timeout_sec", toml_path,
                                          DEFAULT_VERIFIER_TIMEOUT_S)},
-        "resources": {"cpus": env.get("cpus", DEFAULT_CPUS), "mem_mb": memory_mb},
+        "resources": {"cpus": env.get("cpus", DEFAULT_CPUS), "mem_mb": memory_mb, "storage_mb": storage_mb},
         "base_commit": base_commit if isinstance(base_commit, str) else None,
         # agentrl keys in [metadata], which Harbor leaves free-form
         "reset_to_base_commit": meta.get("reset_to_base_commit", False),
@@ -390,6 +394,7 @@ def _validate(data: dict[str, Any], task_dir: Path, toml_path: Path) -> TaskSpec
         "timeouts.eval_s": (toml_path, "[verifier] timeout_sec"),
         "resources.cpus": (toml_path, "[environment] cpus"),
         "resources.mem_mb": (toml_path, "[environment] memory_mb"),
+        "resources.storage_mb": (toml_path, "[environment] storage_mb"),
         "base_commit": (toml_path, "[metadata] base_commit"),
         "reset_to_base_commit": (toml_path, "[metadata] reset_to_base_commit"),
         "files_to_exclude_from_patch": (toml_path, "[metadata] files_to_exclude_from_patch"),

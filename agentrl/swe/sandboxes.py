@@ -15,8 +15,10 @@ from pathlib import Path
 from hpc.images.cache import ImageCache
 from hpc.sandbox.base import Sandbox, SandboxError, SandboxSpec
 from hpc.sandbox.factory import Runtime, make_sandbox
+from hpc.sandbox.policy import Limits
 
-from .task import HOST_IMAGE, TaskSpec
+from .episode import GRADER_DIRS
+from .task import HOST_IMAGE, Resources, TaskSpec
 
 _FORMAT = {"bwrap": "rootfs", "apptainer": "sif"}
 
@@ -50,6 +52,11 @@ def _cached(image: str, runtime: Runtime, cache: ImageCache | None) -> str:
     return str(entry.payload)
 
 
+def sandbox_limits(r: Resources) -> Limits:
+    """The task's resources as the sandbox's limits."""
+    return Limits(cpus=r.cpus, memory_mb=r.mem_mb, storage_mb=r.storage_mb, pids=r.pids)
+
+
 def task_sandbox(spec: TaskSpec, *, runtime: Runtime = "bwrap", cache: ImageCache | None = None,
                  workdir_source: Path | str | None = None, scratch_dir: str | None = None,
                  env: Mapping[str, str] | None = None, adapter_socket: str | None = None,
@@ -59,6 +66,7 @@ def task_sandbox(spec: TaskSpec, *, runtime: Runtime = "bwrap", cache: ImageCach
     image = resolve_image(spec.image, runtime, cache)
     sb_spec = SandboxSpec(workdir=spec.workdir, workdir_source=str(workdir_source) if workdir_source else None,
                           rootfs=image if runtime == "bwrap" else None, env=dict(env or {}),
-                          ro_binds=dict(ro_binds or {}), adapter_socket=adapter_socket, scratch_dir=scratch_dir)
+                          ro_binds=dict(ro_binds or {}), adapter_socket=adapter_socket, scratch_dir=scratch_dir,
+                          limits=sandbox_limits(spec.resources), root_dirs=GRADER_DIRS)
     return make_sandbox(runtime, sb_spec, image=image if runtime == "apptainer" else None,
                         allow_unsafe_local=allow_unsafe_local, fakeroot=fakeroot)

@@ -47,8 +47,10 @@ class Timeouts(BaseModel):
 class Resources(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    cpus: int = Field(default=1, gt=0)
+    cpus: float = Field(default=1, gt=0, allow_inf_nan=False)
     mem_mb: int = Field(default=2048, gt=0)
+    storage_mb: int | None = Field(default=None, gt=0)   # None: the scratch disk's own size
+    pids: int = Field(default=1024, gt=0)                 # processes and threads
 
 
 class TaskSpec(BaseModel):

@@ -60,6 +60,7 @@ from .base import (
     write_file_via_exec,
 )
 from .layers import Layer, make_layer
+from .policy import dropped_capabilities, oci_seccomp_profile
 from .scratch import make_scratch, reap_abandoned
 
 FORWARDER_IN_SANDBOX = "/run/agentrl/forwarder.py"
@@ -98,11 +99,22 @@ def overlay_create_argv(apptainer: str, image_path: str, size_mib: int, *, faker
             *(["--fakeroot"] if fakeroot else []), image_path]
 
 
+def security_argv(fakeroot: bool, seccomp_profile: str | None) -> list[str]:
+    """The sandbox policy (hpc.sandbox.policy) in Apptainer's options: a fake root keeps only the
+    capabilities grading needs (--drop-caps the rest); without fakeroot, --no-privs; the seccomp
+    filter as an OCI profile (--security seccomp:FILE, where the installation supports it)."""
+    argv = ["--drop-caps", ",".join(dropped_capabilities())] if fakeroot else ["--no-privs"]
+    if seccomp_profile:
+        argv += ["--security", f"seccomp:{seccomp_profile}"]
+    return argv
+
+
 def instance_start_argv(apptainer: str, spec: SandboxSpec, image: str, name: str, paths: InstancePaths, *,
-                        fakeroot: bool) -> list[str]:
+                        fakeroot: bool, seccomp_profile: str | None = None) -> list[str]:
     argv = [apptainer, "instance", "start", "--containall", "--cleanenv", "--net", "--network", "none"]
     if fakeroot:
         argv.append("--fakeroot")
+    argv += security_argv(fakeroot, seccomp_profile)
     argv += ["--overlay", paths.overlay, "--workdir", paths.workdir, "--home", f"{paths.home}:{home_inside(fakeroot)}"]
     if paths.worktree:
         argv += _bind(paths.worktree, spec.workdir)
@@ -114,8 +126,10 @@ def instance_start_argv(apptainer: str, spec: SandboxSpec, image: str, name: str
     return [*argv, image, name]
 
 
-def exec_argv(apptainer: str, name: str, cwd: str, env_file: str, command: Sequence[str]) -> list[str]:
-    return [apptainer, "exec", "--cleanenv", "--env-file", env_file, "--pwd", cwd, f"instance://{name}", *command]
+def exec_argv(apptainer: str, name: str, cwd: str, env_file: str, command: Sequence[str], *,
+              security: Sequence[str] = ()) -> list[str]:
+    return [apptainer, "exec", "--cleanenv", *security, "--env-file", env_file, "--pwd", cwd,
+            f"instance://{name}", *command]
 
 
 def stop_argv(apptainer: str, name: str, *, grace_s: int = STOP_GRACE_S, force: bool = False) -> list[str]:
@@ -157,6 +171,7 @@ class ApptainerSandbox(SandboxContext):
         self._layers: list[Layer] = []
         self._forwarder: subprocess.Popen | None = None
         self._start_tried = False
+        self._security: list[str] = []
 
     async def _tool(self, argv: list[str], what: str, timeout_s: float = 60.0) -> ExecResult:
         r = await run_process(argv, env=tool_env(), stdin=None, timeout_s=timeout_s)
@@ -194,8 +209,12 @@ class ApptainerSandbox(SandboxContext):
             await self._tool(overlay_create_argv(self._exe, paths.overlay, self.overlay_mib, fakeroot=self.fakeroot),
                              "overlay create")
             self._start_tried = True
+            profile = self._scratch / "seccomp.json"
+            profile.write_text(json.dumps(oci_seccomp_profile()))
+            self._security = security_argv(self.fakeroot, str(profile))
             await self._tool(instance_start_argv(self._exe, spec, self.image, self.name, paths,
-                                                 fakeroot=self.fakeroot), "instance start", START_TIMEOUT_S)
+                                                 fakeroot=self.fakeroot, seccomp_profile=str(profile)),
+                             "instance start", START_TIMEOUT_S)
             self.instance_pid = await self._listed_pid()
             if self.instance_pid is None:
                 raise SandboxError(f"apptainer instance start succeeded but {self.name} is not listed")
@@ -247,10 +266,16 @@ class ApptainerSandbox(SandboxContext):
         try:
             with os.fdopen(fd, "w") as f:
                 f.write(env_file_text(full_env))
-            argv = exec_argv(self._exe, self.name, cwd or self.spec.workdir, env_path, as_argv(command))
+            argv = exec_argv(self._exe, self.name, cwd or self.spec.workdir, env_path, as_argv(command),
+                             security=self._security)
             return await run_process(argv, env=tool_env(), stdin=stdin, timeout_s=timeout_s)
         finally:
             os.unlink(env_path)
+
+    async def kill_processes(self) -> int:
+        """Every process of the instance but its init: `kill -9 -1` from inside, in its pid namespace."""
+        await self.exec(["kill", "-9", "-1"], user="root", cwd="/")
+        return 0
 
     async def write_file(self, path: str, data: bytes, *, user: str = "root", mode: int = 0o644) -> None:
         await write_file_via_exec(self, path, data, user=user, mode=mode)

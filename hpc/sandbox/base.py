@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..procs import group_alive, kill_group
+from .policy import Limits
 
 AGENT_UID = 1000
 AGENT_GID = 1000
@@ -50,6 +51,10 @@ class SandboxSpec:
     adapter_socket: str | None = None
     adapter_port: int = 8000
     scratch_dir: str | None = None   # node-local disk for the writable layer (default: a temp dir)
+    limits: Limits = field(default_factory=Limits)
+    # Directories the sandbox's root must own in an image (whose files belong to host uids the
+    # sandbox does not map, so its root may not write them): made if missing, handed to that root.
+    root_dirs: tuple[str, ...] = ()
 
 
 class Sandbox(Protocol):
@@ -62,6 +67,8 @@ class Sandbox(Protocol):
     async def write_file(self, path: str, data: bytes, *, user: str = "root", mode: int = 0o644) -> None: ...
 
     async def read_file(self, path: str, *, user: str = "root") -> bytes: ...
+
+    async def kill_processes(self) -> int: ...
 
     async def stop(self) -> None: ...
 

@@ -1,34 +1,39 @@
-"""The bubblewrap runtime: a pid 1 in fresh namespaces, and every exec joined to it with nsenter.
+"""The bubblewrap runtime: a sandbox per supervisor process, every command run by it.
 
-    bwrap --unshare-all (pid, net, ipc, uts, cgroup) --die-with-parent --clearenv
-          read-only image (or the host's /usr), writable work tree (hpc.sandbox.layers),
-          fresh /proc, /dev, /tmp; sleep as the sandbox's init
-    nsenter -t INIT -m -u -i -n -p -r -w -S UID -G GID -- COMMAND
+    supervisor (host root, one per sandbox; hpc.sandbox.supervisor)
+      mount namespace: sized scratch disk, overlays of the image and the work tree
+        user namespace: uids 0..65535 -> an unprivileged host range of the sandbox's own
+          bwrap --unshare-{pid,net,ipc,uts,cgroup} --cap-drop ALL ... -- sleep infinity   (init)
+      commands: fork, join the namespaces and cgroups, drop to agent (1000) or the namespace's
+        root with a short bounding set, no_new_privs, seccomp, exec
+      TCP 127.0.0.1:PORT in the sandbox -> the adapter's Unix socket
 
-No network but loopback; the only way out is the adapter's Unix socket, bind-mounted at
-/run/agentrl/adapter.sock and fronted on 127.0.0.1:PORT by hpc.sandbox.forwarder, which
-runs in the sandbox's network namespace only. When init dies the kernel kills every
-process of the pid namespace: nothing outlives the sandbox.
+No network but loopback; the only way out is the adapter's socket, bind-mounted at
+/run/agentrl/adapter.sock and fronted on 127.0.0.1:PORT by the supervisor. When init dies the
+kernel kills every process of the pid namespace; when the owner dies the supervisor ends the
+sandbox: nothing outlives it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
-import sys
-import time
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
 from .base import (
     AGENT_GID,
     AGENT_UID,
+    KILL_GRACE_S,
     SOCKET_IN_SANDBOX,
     ExecResult,
     SandboxContext,
@@ -37,14 +42,17 @@ from .base import (
     as_argv,
     check_user,
     read_file_via_exec,
-    run_process,
     sandbox_env,
     write_file_via_exec,
 )
-from .layers import Layer, planned_overlay
+from .bwrap_args import BINDS, options
 from .scratch import make_scratch, reap_abandoned
 
 _USR_MERGED = ("bin", "sbin", "lib", "lib64")
+SUPERVISOR_PYTHON = "/usr/bin/python3"   # Debian's, where python3-seccomp installs libseccomp's binding
+_REPO = str(Path(__file__).resolve().parents[2])
+_DRAIN_S = 2.0        # after a command exits, how long its output may still trickle in
+_ids = itertools.count(1)
 
 
 def write_minimal_etc(etc: Path) -> None:
@@ -60,12 +68,11 @@ def write_minimal_etc(etc: Path) -> None:
 
 def bwrap_argv(spec: SandboxSpec, *, workdir_host: str | None, etc_host: str | None,
                rootfs_host: str | None, home_host: str | None = None) -> list[str]:
-    """The bwrap command line (pure: paths on the host are given)."""
-    # Every namespace but the user namespace (--unshare-all would add one): mounts bwrap makes
-    # inside a user namespace belong to it, and the agent's uid, unmapped there, gets EOVERFLOW
-    # creating files in them (Claude Code could not make its /tmp/claude-1000).
+    """The bwrap command line (pure: paths on the host are given). `@INFO_FD@` is bwrap's info fd."""
+    # No --unshare-user: the supervisor made the user namespace (with the whole uid range mapped,
+    # so that uid 1000 owns what it writes) before bwrap runs.
     argv = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
-            "--die-with-parent", "--new-session", "--clearenv", "--hostname", "sandbox"]
+            "--die-with-parent", "--new-session", "--clearenv", "--hostname", "sandbox", "--cap-drop", "ALL"]
     if rootfs_host:
         # The image's own copy-on-write layer: writable, so that bwrap can make its mount
         # points (/proc, /run/agentrl, the workdir) and the agent can install packages.
@@ -78,7 +85,8 @@ def bwrap_argv(spec: SandboxSpec, *, workdir_host: str | None, etc_host: str | N
             elif os.path.isdir(f"/{d}"):
                 argv += ["--ro-bind", f"/{d}", f"/{d}"]
         argv += ["--ro-bind", etc_host, "/etc", "--dir", "/root"]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp", "--dir", "/run/agentrl"]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(spec.limits.tmp_bytes),
+             "--tmpfs", "/tmp", "--dir", "/run/agentrl"]
     if home_host:      # the agent's HOME: its own, writable (CLIs keep settings and state there)
         argv += [*_parents("/home/agent"), "--bind", home_host, "/home/agent"]
     elif not rootfs_host:
@@ -91,7 +99,22 @@ def bwrap_argv(spec: SandboxSpec, *, workdir_host: str | None, etc_host: str | N
         argv += [*_parents(inside), "--ro-bind", host, inside]
     if spec.adapter_socket:
         argv += ["--bind", spec.adapter_socket, SOCKET_IN_SANDBOX]
-    return [*argv, "--info-fd", "3", "--", "sleep", "infinity"]
+    # sleep is the sandbox's pid 1 itself (--as-pid-1): the kernel ignores a SIGKILL sent to a pid
+    # namespace's init from inside it, so no root of the sandbox can end it (`kill -9 -1` as root
+    # would otherwise take bwrap's init with its child, and a failed grading would become a retry).
+    return [*argv, "--as-pid-1", "--info-fd", "@INFO_FD@", "--", "sleep", "infinity"]
+
+
+def mount_points(argv: list[str]) -> list[tuple[str, str]]:
+    """(path, "dir"|"file") of every mount point bwrap makes: in an image, where the sandbox's
+    root owns nothing, the supervisor makes them first."""
+    out = []
+    for _, flag, args in options(argv):
+        if flag in BINDS and args[1] != "/":
+            out.append((args[1], "dir" if os.path.isdir(args[0]) else "file"))
+        elif flag in ("--proc", "--dev", "--tmpfs", "--dir"):
+            out.append((args[0], "dir"))
+    return out
 
 
 def _parents(inside: str) -> list[str]:
@@ -100,138 +123,231 @@ def _parents(inside: str) -> list[str]:
             for arg in ("--perms", "0755", "--dir", str(parent))]
 
 
-def nsenter_argv(init_pid: int, user: str, cwd: str, command: list[str]) -> list[str]:
-    uid, gid = (0, 0) if user == "root" else (AGENT_UID, AGENT_GID)
-    # nsenter resolves a -w path on the host, before it enters: change directory inside instead.
-    return ["nsenter", "-t", str(init_pid), "-m", "-u", "-i", "-n", "-p", "-r", "-w",
-            "-S", str(uid), "-G", str(gid), "--", "/bin/sh", "-c", 'cd "$0" && exec "$@"', cwd, *command]
-
-
 class BwrapSandbox(SandboxContext):
-    def __init__(self, spec: SandboxSpec):
+    def __init__(self, spec: SandboxSpec, *, python: str = SUPERVISOR_PYTHON):
         self.spec = spec
-        self._init: subprocess.Popen | None = None
+        self.python = python
         self.init_pid: int | None = None
-        self._layers: list[Layer] = []
+        self.uid_base: int | None = None
+        self.unenforced: dict[str, str] = {}
+        self.supervisor_pid: int | None = None
+        self._pidfd: int | None = None
+        self._sock: socket.socket | None = None
         self._scratch: Path | None = None
-        self._forwarder: subprocess.Popen | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: dict[int, asyncio.Future] = {}
+        self._exits: dict[int, asyncio.Future] = {}
+        self._dead: str | None = None
 
     async def start(self) -> None:
         await asyncio.to_thread(self._start)
+        self._loop = asyncio.get_running_loop()
+        self._sock.setblocking(False)
+        self._loop.add_reader(self._sock.fileno(), self._on_message)
 
     def _start(self) -> None:
         if os.geteuid() != 0:
-            # Unprivileged bwrap nests a second user namespace under the one that owns the
-            # sandbox's other namespaces, so nsenter (how exec gets in) cannot join them
-            # (checked with bwrap 0.8: "reassociate to namespace 'ns/ipc' failed").
-            raise SandboxError("the bwrap runtime needs root (it enters the sandbox with nsenter); "
-                               "unprivileged, use sandbox.runtime: apptainer")
-        for tool in ("bwrap", "nsenter"):
+            # The supervisor maps a range of host uids for the sandbox's user namespace and
+            # mounts its layers: both need root. Unprivileged sites use Apptainer.
+            raise SandboxError("the bwrap runtime needs root (it maps the sandbox's uid range and mounts "
+                               "its layers); unprivileged, use sandbox.runtime: apptainer")
+        for tool, pkg in (("bwrap", "bubblewrap"), (self.python, "python3 and python3-seccomp")):
             if shutil.which(tool) is None:
-                raise SandboxError(f"{tool} is not installed (Debian: apt-get install "
-                                   f"{'bubblewrap' if tool == 'bwrap' else 'util-linux'})")
-        spec = self.spec
-        reap_abandoned(spec.scratch_dir)
-        self._scratch = make_scratch("bwrap", spec.scratch_dir)
+                raise SandboxError(f"{tool} is not installed (Debian: apt-get install {pkg})")
+        reap_abandoned(self.spec.scratch_dir)
+        self._scratch = make_scratch("bwrap", self.spec.scratch_dir)
         try:
-            workdir_host = rootfs_host = etc_host = None
-            if spec.rootfs:
-                rootfs_host = str(self._layer(spec.rootfs, None, None).path)
-            if spec.workdir_source:
-                workdir_host = str(self._layer(spec.workdir_source, AGENT_UID, AGENT_GID).path)
-            if not spec.rootfs:
-                etc_host = str(self._scratch / "etc")
-                write_minimal_etc(Path(etc_host))
-            home = self._scratch / "home"
-            home.mkdir(mode=0o755)
-            os.chown(home, AGENT_UID, AGENT_GID)
-            argv = bwrap_argv(spec, workdir_host=workdir_host, etc_host=etc_host, rootfs_host=rootfs_host,
-                              home_host=str(home))
-            setup = [cmd for layer in self._layers for cmd in (layer.setup or [])]
-            if setup:
-                # Overlays mounted in a mount namespace of the sandbox's own (which bwrap's nests in):
-                # they vanish with the sandbox even if its owner is SIGKILLed.
-                argv = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
-                        " && ".join([*setup, 'exec "$@"']), "sh", *argv]
-            r, w = os.pipe()
-            argv[argv.index("--info-fd") + 1] = str(w)
-            self._init = subprocess.Popen(argv, pass_fds=(w,), env={}, stdin=subprocess.DEVNULL,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                          start_new_session=True)
-            os.close(w)
-            self.init_pid = self._read_info(r)
-            self._wait_ready()
-            if spec.adapter_socket:
-                self._start_forwarder()
+            self._launch(self._plan(self._scratch))
         except BaseException:
             self._stop()
             raise
 
-    def _layer(self, source: str, uid: int | None, gid: int | None) -> Layer:
-        layer = planned_overlay(Path(source), self.spec.scratch_dir, uid, gid)
-        self._layers.append(layer)
-        return layer
+    def _plan(self, scratch: Path) -> dict:
+        """The supervisor's config: the layers to mount, the image's root to prepare, bwrap's argv."""
+        spec = self.spec
+        layers, rootfs_host, workdir_host, etc_host = [], None, None, None
+        if spec.rootfs:
+            if not os.path.isdir(spec.rootfs):
+                raise SandboxError(f"the image {spec.rootfs} is not a directory")
+            rootfs_host = str(scratch / "root")
+            layers.append({"source": spec.rootfs, "merged": rootfs_host, "owner": None})
+        if spec.workdir_source:
+            if not os.path.isdir(spec.workdir_source):
+                raise SandboxError(f"the work tree {spec.workdir_source} is not a directory")
+            workdir_host = str(scratch / "work")
+            layers.append({"source": spec.workdir_source, "merged": workdir_host, "owner": AGENT_UID})
+        if not spec.rootfs:
+            etc_host = str(scratch / "etc")
+            write_minimal_etc(Path(etc_host))
+        for layer in layers:
+            os.mkdir(layer["merged"])
+        disk = scratch / "disk"
+        argv = bwrap_argv(spec, workdir_host=workdir_host, etc_host=etc_host, rootfs_host=rootfs_host,
+                          home_host=str(disk / "home"))
+        return {"bwrap": argv, "disk": str(disk), "layers": layers, "scratch": str(scratch),
+                "image_root": self._image_root(rootfs_host, argv, agent_tree=not spec.workdir_source),
+                "limits": {k: getattr(spec.limits, k) for k in ("cpus", "memory_mb", "storage_mb", "pids")},
+                "forwarder": {"port": spec.adapter_port, "unix": spec.adapter_socket} if spec.adapter_socket else None}
 
-    def _read_info(self, fd: int, timeout_s: float = 30.0) -> int:
-        """The sandbox's init pid, from bwrap's --info-fd JSON (the fd stays open: read until it parses)."""
-        buf, deadline = b"", time.monotonic() + timeout_s
+    def _image_root(self, root: str | None, argv: list[str], *, agent_tree: bool) -> dict | None:
+        """An image's files belong to host uids the sandbox does not map: the supervisor hands the
+        sandbox's root its mount points and `root_dirs`, and the agent its work tree if the image holds it."""
+        if root is None:
+            return None
+        return {"path": root, "mountpoints": [("/", "dir"), *mount_points(argv), *((d, "dir") for d in self.spec.root_dirs)],
+                "agent_tree": self.spec.workdir if agent_tree else None}
+
+    def _launch(self, cfg: dict) -> None:
+        cfg["log"] = str(self._scratch / "supervisor.log")
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._sock = ours
+        with theirs:
+            self.supervisor_pid = fork_server(self.python).fork(theirs)
+        self._pidfd = os.pidfd_open(self.supervisor_pid)
+        ours.send(json.dumps(cfg).encode())
+        ours.settimeout(60)
         try:
-            while time.monotonic() < deadline:
-                ready, _, _ = select.select([fd], [], [], 0.1)
-                if ready:
-                    chunk = os.read(fd, 4096)
-                    buf += chunk
-                    try:
-                        return int(json.loads(buf)["child-pid"])
-                    except ValueError:
-                        if chunk:
-                            continue
-                if self._init.poll() is not None:
-                    err = self._init.stderr.read().decode(errors="replace").strip()
-                    raise SandboxError(f"bwrap exited with {self._init.returncode}: {err}")
-            raise SandboxError(f"bwrap gave no sandbox info in {timeout_s:.0f} s")
+            reply = ours.recv(1 << 20)
+        except TimeoutError:
+            raise SandboxError("the sandbox supervisor did not answer in 60 s") from None
+        except OSError:
+            reply = b""
         finally:
-            os.close(fd)
+            ours.settimeout(None)
+        msg = json.loads(reply) if reply else {"op": "error", "error": "it exited"}
+        if msg["op"] != "ready":
+            raise SandboxError(f"the sandbox did not start: {msg.get('error')}\n{self._supervisor_stderr()}")
+        self.init_pid, self.uid_base, self.unenforced = msg["init"], msg["uid_base"], msg["unenforced"]
 
-    def _wait_ready(self, timeout_s: float = 30.0) -> None:
-        """bwrap reports its pid 1 before it has built the mounts; once pid 1 has forked the
-        sandbox's command (sleep), the sandbox is complete and nsenter finds what it expects."""
-        children = Path(f"/proc/{self.init_pid}/task/{self.init_pid}/children")
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                if children.read_text().strip():
-                    return
-            except FileNotFoundError:
-                break
-            if self._init.poll() is not None:
-                break
-            time.sleep(0.002)
-        if self._init.poll() is not None:
-            err = self._init.stderr.read().decode(errors="replace").strip()
-            raise SandboxError(f"bwrap exited with {self._init.returncode}: {err}")
-        raise SandboxError(f"the sandbox did not come up in {timeout_s:.0f} s (bwrap pid 1: {self.init_pid})")
+    def _supervisor_stderr(self) -> str:
+        try:
+            return (self._scratch / "supervisor.log").read_text(errors="replace").strip()[-2000:]
+        except (OSError, TypeError):
+            return ""
 
-    def _start_forwarder(self) -> None:
-        # Host Python, in the sandbox's network namespace only: it sees the host's socket
-        # path and listens on the sandbox's loopback; the image needs no Python of its own.
-        argv = ["nsenter", "-t", str(self.init_pid), "-n", "--", sys.executable, "-m",
-                "hpc.sandbox.forwarder", "--port", str(self.spec.adapter_port), "--unix", self.spec.adapter_socket]
-        env = {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-        self._forwarder = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                           start_new_session=True)
-        line = self._forwarder.stdout.readline()
-        if b"listening" not in line:
-            raise SandboxError(f"adapter forwarder did not start: {self._forwarder.stderr.read().decode()}")
+    # -- the control channel ------------------------------------------------------------------
+    def _on_message(self) -> None:
+        try:
+            data = self._sock.recv(1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._fail_all("the sandbox supervisor exited: " + (self._supervisor_stderr() or "no reason given"))
+            return
+        msg = json.loads(data)
+        op = msg["op"]
+        if op == "spawned":
+            self._exits[msg["pid"]] = self._loop.create_future()
+            self._resolve(msg["id"], msg["pid"])
+        elif op == "exit":
+            fut = self._exits.get(msg["pid"])
+            if fut is not None and not fut.done():
+                fut.set_result(msg["code"])
+        elif op == "killed":
+            self._resolve(msg["id"], msg["count"])
+        elif op == "error":
+            fut = self._pending.pop(msg.get("id"), None)
+            if fut is not None and not fut.done():
+                fut.set_exception(SandboxError(msg["error"]))
+        elif op == "died":
+            self._fail_all(f"the sandbox's init exited ({msg['code']})")
 
+    def _resolve(self, rid: int, value) -> None:
+        fut = self._pending.pop(rid, None)
+        if fut is not None and not fut.done():
+            fut.set_result(value)
+
+    def _fail_all(self, why: str) -> None:
+        self._dead = why
+        if self._loop is not None and self._sock is not None:
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(self._sock.fileno())
+        for fut in [*self._pending.values(), *self._exits.values()]:
+            if not fut.done():
+                fut.set_exception(SandboxError(why))
+                fut.add_done_callback(lambda f: f.exception())   # awaited or not, it is reported
+        self._pending.clear()
+
+    async def _request(self, msg: dict, fds: Sequence[int] = ()) -> object:
+        if self._sock is None or self._loop is None:
+            raise SandboxError("the sandbox is not running (exec before start(), or after stop())")
+        if self._dead:
+            raise SandboxError(self._dead)
+        rid = msg["id"] = next(_ids)
+        fut = self._pending[rid] = self._loop.create_future()
+        try:
+            socket.send_fds(self._sock, [json.dumps(msg).encode()], list(fds))
+        except OSError:
+            self._fail_all("the sandbox supervisor exited: " + (self._supervisor_stderr() or "no reason given"))
+        return await fut
+
+    # -- the Sandbox protocol ---------------------------------------------------------------
     async def exec(self, command: Sequence[str] | str, *, user: str = "agent", cwd: str | None = None,
                    env: Mapping[str, str] | None = None, timeout_s: float | None = None,
                    stdin: bytes | None = None) -> ExecResult:
         check_user(user)
-        if self.init_pid is None:
-            raise SandboxError("exec before start()")
-        argv = nsenter_argv(self.init_pid, user, cwd or self.spec.workdir, as_argv(command))
-        return await run_process(argv, env=sandbox_env(self.spec.env, env, user), stdin=stdin, timeout_s=timeout_s)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        in_r, in_w = os.pipe() if stdin is not None else (os.open(os.devnull, os.O_RDONLY), -1)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            pid = await self._request({"op": "spawn", "argv": as_argv(command), "user": user,
+                                       "cwd": cwd or self.spec.workdir,
+                                       "env": sandbox_env(self.spec.env, env, user)}, [in_r, out_w, err_w])
+        except BaseException:
+            for fd in (in_w, out_r, err_r):
+                if fd >= 0:
+                    os.close(fd)
+            raise
+        finally:
+            for fd in (in_r, out_w, err_w):
+                os.close(fd)
+        out, err = _Collector(loop, out_r), _Collector(loop, err_r)
+        feeder = asyncio.ensure_future(asyncio.to_thread(_feed, in_w, stdin)) if stdin is not None else None
+        readers = asyncio.gather(out.run(), err.run())
+        timed_out = False
+        try:
+            code = await asyncio.wait_for(asyncio.shield(self._exits[pid]), timeout_s)
+        except asyncio.TimeoutError:
+            timed_out = True
+            code = await self._stop_group(pid)
+        except asyncio.CancelledError:
+            _killpg(pid, signal.SIGKILL)
+            readers.cancel()
+            raise
+        finally:
+            self._exits.pop(pid, None) if self._exits.get(pid) is not None and self._exits[pid].done() else None
+        # Children it left in its group (a background job) go with it.
+        _killpg(pid, signal.SIGKILL)
+        # A daemon may hold the pipes open: whatever it has not written by now is not waited for.
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(readers), _DRAIN_S)
+        out.close()
+        err.close()
+        if feeder is not None:
+            with contextlib.suppress(Exception):
+                await feeder
+        return ExecResult(code, out.data(), err.data(), loop.time() - t0, timed_out=timed_out)
+
+    async def _stop_group(self, pid: int) -> int:
+        """SIGTERM the command's group, SIGKILL after the grace; its exit code, or SandboxError."""
+        _killpg(pid, signal.SIGTERM)
+        fut = self._exits[pid]
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), KILL_GRACE_S)
+        except asyncio.TimeoutError:
+            _killpg(pid, signal.SIGKILL)
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), KILL_GRACE_S)
+        except asyncio.TimeoutError:
+            raise SandboxError(f"process {pid} survived SIGKILL after a timeout") from None
+
+    async def kill_processes(self) -> int:
+        """Kill every process of the sandbox but its init (a daemon the agent left, say)."""
+        return await self._request({"op": "kill_all"})
 
     async def write_file(self, path: str, data: bytes, *, user: str = "root", mode: int = 0o644) -> None:
         await write_file_via_exec(self, path, data, user=user, mode=mode)
@@ -240,21 +356,119 @@ class BwrapSandbox(SandboxContext):
         return await read_file_via_exec(self, path, user=user)
 
     async def stop(self) -> None:
+        if self._loop is not None and self._sock is not None and not self._dead:
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(self._sock.fileno())
+        self._fail_all("the sandbox was stopped")
         await asyncio.to_thread(self._stop)
 
     def _stop(self) -> None:
-        for proc in (self._forwarder, self._init):
-            if proc is not None and proc.poll() is None:
-                # Nothing in a finished sandbox is worth a grace period; its pid 1 going takes
-                # every process of the namespace with it.
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.setblocking(True)
+                self._sock.send(json.dumps({"op": "stop"}).encode())
+            self._sock.close()      # the supervisor also stops on EOF
+            self._sock = None
+        if self._pidfd is not None:
+            if not select.select([self._pidfd], [], [], 30)[0]:
+                # Its bwrap dies with it (--die-with-parent); the scratch is removed below.
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        self._forwarder = self._init = None
+                    os.kill(self.supervisor_pid, signal.SIGKILL)
+                select.select([self._pidfd], [], [], 10)
+            os.close(self._pidfd)
+            self._pidfd = None
         self.init_pid = None
-        for layer in self._layers:
-            layer.close()
-        self._layers = []
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
+
+
+class _Collector:
+    """Everything a pipe delivers, read on the event loop; close() stops at once."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int):
+        self.loop, self.fd, self.chunks, self.transport = loop, fd, [], None
+
+    async def run(self) -> None:
+        reader = asyncio.StreamReader(limit=1 << 20)
+        self.transport, _ = await self.loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(self.fd, "rb", 0))
+        while chunk := await reader.read(1 << 16):
+            self.chunks.append(chunk)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        else:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+
+    def data(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+def _feed(fd: int, data: bytes) -> None:
+    try:
+        with open(fd, "wb", 0) as f:
+            f.write(data)
+    except BrokenPipeError:
+        pass
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+class ForkServer:
+    """The owner's fork server (hpc.sandbox.supervisor --serve): started once, it forks a supervisor per
+    sandbox. It ends when this process does (its socket closes); if it was killed, the next fork
+    starts another."""
+
+    def __init__(self, python: str):
+        self.python, self._lock = python, threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._sock: socket.socket | None = None
+
+    def fork(self, sock: socket.socket) -> int:
+        with self._lock:
+            for attempt in (1, 2):
+                if self._proc is None or self._proc.poll() is not None:
+                    self._spawn()
+                try:
+                    socket.send_fds(self._sock, [b'{"op": "fork"}'], [sock.fileno()])
+                    reply = self._sock.recv(4096)
+                except OSError:
+                    reply = b""
+                if reply:
+                    msg = json.loads(reply)
+                    if msg["op"] != "forked":
+                        raise SandboxError(f"the sandbox fork server refused: {msg.get('error')}")
+                    return msg["pid"]
+                self._proc.wait()
+                why = self._proc.stderr.read().decode(errors="replace").strip()[-2000:]
+                self._proc = None
+                if attempt == 2:      # once more after a fork server that was killed; twice is a fault
+                    raise SandboxError(f"the sandbox fork server ({self.python}) exited: {why or 'no reason given'}")
+        raise AssertionError("unreachable")
+
+    def _spawn(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with theirs:
+            self._proc = subprocess.Popen(
+                [self.python, "-m", "hpc.sandbox.supervisor", "--serve", "--fd", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),), env={"PYTHONPATH": _REPO, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                cwd="/", start_new_session=True)     # cwd: -m would import an `hpc` found there first
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = ours
+
+
+_fork_servers: dict[str, ForkServer] = {}
+_fork_servers_lock = threading.Lock()
+
+
+def fork_server(python: str) -> ForkServer:
+    with _fork_servers_lock:
+        return _fork_servers.setdefault(python, ForkServer(python))

@@ -77,6 +77,11 @@ class LocalSandbox(SandboxContext):
         return await run_process(as_argv(command), env=full_env, stdin=stdin, timeout_s=timeout_s,
                                  cwd=str(host_cwd))
 
+    async def kill_processes(self) -> int:
+        # No pid namespace: each exec's process group is stopped when it returns, and that is all
+        # this development-only runtime can do.
+        return 0
+
     async def write_file(self, path: str, data: bytes, *, user: str = "root", mode: int = 0o644) -> None:
         check_user(user)
         target = self.host_path(path)

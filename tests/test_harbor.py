@@ -91,7 +91,7 @@ def test_crlf_config_json_and_instruction_are_kept_byte_for_byte(tmp_path):
     assert decode_payload(rec["metadata"]["harbor"]["test_files"]["fixture.bin"]) == b"\x00\xff binary"
     assert rec["metadata"]["harbor"]["testbed_files"] is None  # an image brings its own repository
     md = rec["metadata"]
-    assert md["resources"] == {"cpus": 2, "mem_mb": 4096}  # Harbor's deprecated memory = "4G"
+    assert md["resources"] == {"cpus": 2, "mem_mb": 4096, "storage_mb": None, "pids": 1024}  # memory = "4G"
     assert (md["base_commit"], md["reset_to_base_commit"]) == ("abc123", False)
     assert md["timeouts"] == {"agent_s": 300.0, "eval_s": 90.0}
 
@@ -243,3 +243,17 @@ def test_an_empty_instruction_names_instruction_md(tmp_path):
     t = make_task(tmp_path, instruction=b"")
     with pytest.raises(HarborTaskError, match="instruction.md"):
         convert_task(t)
+
+
+@pytest.mark.parametrize("env, storage", [('storage_mb = 5120', 5120), ('storage = "10G"', 10240), ('', None)])
+def test_storage_from_harbor_names(tmp_path, env, storage):
+    from agentrl.swe.harbor import parse_task_toml
+    text = f'[agent]\ntimeout_sec = 10.0\n[environment]\ndocker_image = "host"\nworkdir = "/testbed"\n{env}\n'
+    assert parse_task_toml(text, tmp_path, tmp_path / "task.toml")["resources"]["storage_mb"] == storage
+
+
+def test_a_bad_storage_size_names_the_key(tmp_path):
+    from agentrl.swe.harbor import HarborTaskError, parse_task_toml
+    text = '[agent]\ntimeout_sec = 10.0\n[environment]\ndocker_image = "host"\nworkdir = "/testbed"\nstorage = "lots"\n'
+    with pytest.raises(HarborTaskError, match="storage 'lots' is not a size"):
+        parse_task_toml(text, tmp_path, tmp_path / "task.toml")

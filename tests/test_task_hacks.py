@@ -39,12 +39,13 @@ exit "$rc"
 """
 # The hacks an exit-code grader falls for (measured); tests-deleted, tests-emptied and git-hook do not
 # fool it either: they guard graders that run only the repository's tests, or run git.
+# What an exit-code test.sh lets through even in our sandbox. The sandbox itself stops the rest
+# (hpc.sandbox, agentrl.swe.episode): the daemon is killed before the patch is taken, and a
+# verifier the code under test SIGKILLed after writing reward.txt earns 0.
 FOOL_EXIT_CODE_GRADER = {
-    **{(h, m): 1.0 for h in ("exit0-as-root", "exit0-at-import", "startup-exit0", "tests-forced-pass",
-                             "tests-forced-skip", "tests-uncollected", "reward-file-write", "reward-json-write")
-       for m in ("isolated", "same")},
-    ("background-daemon", "same"): 1.0,
-}
+    (h, m): 1.0 for h in ("exit0-as-root", "exit0-at-import", "startup-exit0", "tests-forced-pass",
+                          "tests-forced-skip", "tests-uncollected", "reward-json-write")
+    for m in ("isolated", "same")}
 
 
 def grade_module():

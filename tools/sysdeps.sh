@@ -14,6 +14,9 @@ declare -A pkg=(
 )
 missing=()
 for cmd in "${!pkg[@]}"; do command -v "$cmd" >/dev/null || missing+=("$cmd"); done
+# The bwrap sandboxes' supervisor runs on the system Python with libseccomp's binding.
+pkg[python3-seccomp]=python3-seccomp
+/usr/bin/python3 -c 'import seccomp' 2>/dev/null || missing+=(python3-seccomp)
 ((${#missing[@]} == 0)) && exit 0
 
 pkgs=$(for c in "${missing[@]}"; do echo "${pkg[$c]}"; done | sort -u | tr '\n' ' ')
@@ -33,8 +36,8 @@ sysdeps: missing system tools: ${missing[*]}
     - Slurm clients (sbatch, srun): already on login nodes, or \`module load slurm\`.
     - slurmctld/slurmd/munged are only needed for the local test cluster (make cluster-up);
       on a real cluster, skip it and run the tests that need no Slurm: make test-unit.
-    - bubblewrap (bwrap): ask your admins, or use the apptainer sandbox runtime
-      (\`module load apptainer\`), which most HPC sites provide.
+    - bubblewrap (bwrap) and python3-seccomp (the bwrap sandboxes' supervisor): ask your admins,
+      or use the apptainer sandbox runtime (\`module load apptainer\`), which most HPC sites provide.
     - MPI (mpirun, mpicc): sites provide it with \`module load openmpi\`; load it before
       installing and running mpi4py (pip install 'agentrl-hpc[mpi]'), which uses the MPI it finds.
 MSG

@@ -256,8 +256,8 @@ def _finite(table: dict, section: str, key: str, path: Path) -> None:
         raise HarborTaskError(path, f"[{section}] {key} must be a finite number, got {value!r}")
 
 
-def _size_mb(text: str, path: Path) -> int:
-    """Harbor's deprecated `memory = "2G"` spelling."""
+def _size_mb(text: str, path: Path, key: str = "memory") -> int:
+    """Harbor's deprecated `memory = "2G"` / `storage = "10G"` spelling."""
     units = {"G": 1024.0, "M": 1.0, "K": 1 / 1024}
     s = text.strip().upper()
     try:
@@ -266,7 +266,7 @@ def _size_mb(text: str, path: Path) -> int:
             raise ValueError(s)
         return int(mb)
     except (KeyError, ValueError):
-        raise HarborTaskError(path, f"[environment] memory {text!r} is not a size like '2G' or '512M'") from None
+        raise HarborTaskError(path, f"[environment] {key} {text!r} is not a size like '2G' or '512M'") from None
 
 
 def parse_dockerfile(text: str) -> tuple[str | None, str | None, list[str]]:
@@ -341,7 +341,7 @@ def parse_task_toml(text: str, task_dir: Path, toml_path: Path, tree: TaskTree |
     # Harbor's storage_mb (older tasks: storage = "10G"); none: the node's scratch disk is the limit.
     storage_mb = env.get("storage_mb")
     if storage_mb is None and isinstance(env.get("storage"), str):
-        storage_mb = _size_mb(env["storage"], toml_path)
+        storage_mb = _size_mb(env["storage"], toml_path, "storage")
     verifier_env = verifier.get("env", {})
     if not isinstance(verifier_env, dict) or not all(isinstance(v, str) for v in verifier_env.values()):
         raise HarborTaskError(toml_path, "[verifier] env must be a table of strings")

@@ -348,7 +348,9 @@ def instrumented() -> Iterator[None]:
         try:
             await stop(self)
         finally:
-            CURRENT.get().stop_s += time.monotonic() - t0
+            # The last stop is the agent's sandbox, after grading; an isolated grading's own sandbox
+            # stops earlier, inside grade_s, and must not count twice.
+            CURRENT.get().stop_s = time.monotonic() - t0
 
     with ExitStack() as stack:
         stack.enter_context(mock.patch.object(worker_module, "run_attempt", timed_run_attempt))

@@ -13,8 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
+from proc_table import named
 
 from hpc.runlayout import RunLayout
+from hpc.sandbox.supervisor import FORK_SERVER_NAME, SUPERVISOR_NAME
 
 pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 
@@ -105,6 +107,7 @@ def test_the_run_survives_kill_9_of_a_pool_worker_and_the_inference_server(demo_
     config["pool"]["lease_s"] = 10          # a killed worker's claims come free quickly
     demo_config.write_text(yaml.safe_dump(config))
     run_dir = tmp_path / "runs/faults"
+    before = {name: named(name) for name in (SUPERVISOR_NAME, FORK_SERVER_NAME)}
     launch = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "launch", str(demo_config), "--executor", "local",
                                "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
     try:
@@ -128,6 +131,12 @@ def test_the_run_survives_kill_9_of_a_pool_worker_and_the_inference_server(demo_
         if launch.poll() is None:
             launch.kill()
     assert launch.returncode == 0, err.decode()[-3000:]
+    # Nothing of the killed worker's sandboxes is left: no supervisor, no fork server (its forwarders
+    # were reparented to pid 1 and ran forever before the supervisors).
+    deadline = time.monotonic() + 10
+    while {name: named(name) for name in before} != before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert {name: named(name) for name in before} == before
     check_run(run_dir)          # every rollout trained on all 8 attempts: no group lost
     for role, pid in killed.items():
         record = json.loads((run_dir / f"launch/tasks/{role}-0.json").read_text())

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from http_fixtures import Hello, UnixHTTPServer, serve
+from proc_table import named
 
 from hpc.sandbox.base import SandboxError, SandboxSpec
 from hpc.sandbox.bwrap import BwrapSandbox, bwrap_argv, mount_points
@@ -37,12 +38,6 @@ def repo(tmp_path):
 def sandbox_processes(marker: str) -> list[str]:
     out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
-
-
-def named(comm: str) -> int:
-    """How many processes `ps -o comm` shows under this name."""
-    out = subprocess.run(["ps", "-eo", "comm="], capture_output=True, text=True).stdout
-    return sum(line.strip() == comm for line in out.splitlines())
 
 
 def test_exec_users_cwd_env_and_no_host_environment(repo, monkeypatch):

@@ -63,7 +63,8 @@ def test_the_filter_compiles_with_libseccomp_and_refuses_in_a_child():
         "    import hpc.sandbox.linux as l; l.no_new_privs(); seccomp_filter().load()\n"
         "    libc = ctypes.CDLL(None, use_errno=True)\n"
         "    r = libc.unshare(0x10000000); e = ctypes.get_errno()\n"
-        "    try: os.mknod('/tmp/agentrl-probe-fifo', 0o600 | 0o010000); os.unlink('/tmp/agentrl-probe-fifo'); f = 'ok'\n"
+        "    p = '/tmp/agentrl-probe-fifo'\n"
+        "    try: os.mknod(p, 0o600 | 0o010000); os.unlink(p); f = 'ok'\n"
         "    except OSError as ex: f = str(ex.errno)\n"
         "    print(r, e, f, flush=True); os._exit(0)\n"
         "os.waitpid(pid, 0)\n")

@@ -31,10 +31,10 @@ from hpc.sandbox.apptainer import (
     stop_argv,
 )
 from hpc.sandbox.base import SandboxError, SandboxSpec
-from hpc.sandbox.policy import dropped_capabilities
 from hpc.sandbox.bwrap import BwrapSandbox
 from hpc.sandbox.factory import make_sandbox
 from hpc.sandbox.local import LocalSandbox
+from hpc.sandbox.policy import dropped_capabilities
 
 FAKE = r'''
 import json, os, shlex, signal, subprocess, sys, time
@@ -346,8 +346,9 @@ def test_argv_builders_follow_the_apptainer_docs():
     root = instance_start_argv("apptainer", SandboxSpec(), "/i.sif", "n", InstancePaths("o", "w", "h", None),
                                fakeroot=True, seccomp_profile="/s/seccomp.json")
     assert root == ["apptainer", "instance", "start", "--containall", "--cleanenv", "--net", "--network", "none",
-                    "--fakeroot", "--drop-caps", ",".join(dropped_capabilities()), "--security", "seccomp:/s/seccomp.json",
-                    "--overlay", "o", "--workdir", "w", "--home", "h:/root", "/i.sif", "n"]
+                    "--fakeroot", "--drop-caps", ",".join(dropped_capabilities()),
+                    "--security", "seccomp:/s/seccomp.json", "--overlay", "o", "--workdir", "w",
+                    "--home", "h:/root", "/i.sif", "n"]
     assert overlay_create_argv("apptainer", "/s/o.img", 1024, fakeroot=False) == \
         ["apptainer", "overlay", "create", "--size", "1024", "--sparse", "/s/o.img"]
     assert exec_argv("apptainer", "n", "/w", "/s/env", ["ls"], security=["--no-privs"]) == \

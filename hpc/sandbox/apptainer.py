@@ -237,7 +237,7 @@ class ApptainerSandbox(SandboxContext):
         env_file.write_text(env_file_text({"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"}))
         argv = exec_argv(self._exe, self.name, "/", str(env_file),
                          ["python3", FORWARDER_IN_SANDBOX, "--port", str(self.spec.adapter_port),
-                          "--unix", SOCKET_IN_SANDBOX])
+                          "--unix", SOCKET_IN_SANDBOX], security=self._security)
         log = open(self._scratch / "forwarder.log", "wb")
         with log:
             self._forwarder = subprocess.Popen(argv, env=tool_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

@@ -194,8 +194,8 @@ class BwrapSandbox(SandboxContext):
         sandbox's root its mount points and `root_dirs`, and the agent its work tree if the image holds it."""
         if root is None:
             return None
-        return {"path": root, "mountpoints": [("/", "dir"), *mount_points(argv), *((d, "dir") for d in self.spec.root_dirs)],
-                "agent_tree": self.spec.workdir if agent_tree else None}
+        points = [("/", "dir"), *mount_points(argv), *((d, "dir") for d in self.spec.root_dirs)]
+        return {"path": root, "mountpoints": points, "agent_tree": self.spec.workdir if agent_tree else None}
 
     def _launch(self, cfg: dict) -> None:
         cfg["log"] = str(self._scratch / "supervisor.log")

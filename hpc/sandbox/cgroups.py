@@ -70,8 +70,8 @@ class Cgroup:
     def _create_v2(self, d: Path, limits: Limits, wanted: dict) -> None:
         try:
             enabled = set((d.parent / "cgroup.subtree_control").read_text().split())
-        except OSError as e:
-            enabled, why = set(), e.strerror
+        except OSError:
+            enabled = set()      # every wanted limit is then reported as not delegated
         files = {"memory_mb": ("memory", "memory.max", f"{(limits.memory_mb or 0) << 20}"),
                  "pids": ("pids", "pids.max", str(limits.pids)),
                  "cpus": ("cpu", "cpu.max", f"{int((limits.cpus or 0) * 100000)} 100000")}

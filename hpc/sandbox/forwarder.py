@@ -1,7 +1,8 @@
 """TCP on the sandbox's loopback -> the adapter's Unix socket (for CLIs that only speak TCP).
 
-`python -m hpc.sandbox.forwarder --port P --unix PATH`, started by the bwrap runtime inside the
-sandbox's network namespace: it can reach nothing but that one socket.
+`python -m hpc.sandbox.forwarder --port P --unix PATH`, run by the Apptainer runtime inside its
+instance; the bwrap runtime's supervisor serves the same `handler` on a socket it made in the
+sandbox's network namespace. Either way it can reach nothing but that one socket.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             writer.close()
 
 
-async def serve(port: int, unix_path: str) -> None:
+def handler(unix_path: str):
+    """asyncio.start_server's callback: each TCP client gets a connection of its own to `unix_path`."""
     async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         try:
             up_r, up_w = await asyncio.open_unix_connection(unix_path)
@@ -31,8 +33,11 @@ async def serve(port: int, unix_path: str) -> None:
             client_w.close()
             return
         await asyncio.gather(_pipe(client_r, up_w), _pipe(up_r, client_w))
+    return handle
 
-    server = await asyncio.start_server(handle, "127.0.0.1", port)
+
+async def serve(port: int, unix_path: str) -> None:
+    server = await asyncio.start_server(handler(unix_path), "127.0.0.1", port)
     print(f"listening on 127.0.0.1:{port} -> {unix_path}", flush=True)
     async with server:
         await server.serve_forever()

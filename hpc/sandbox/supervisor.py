@@ -36,7 +36,7 @@ import time
 import traceback
 from pathlib import Path
 
-from . import linux
+from . import forwarder, linux
 from .bwrap_args import BINDS, options
 from .cgroups import PREFIX as CGROUP_PREFIX
 from .cgroups import Cgroup, reap_abandoned, unenforced_message
@@ -319,30 +319,6 @@ class Supervisor:
         os.close(self._slot_fd)
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    except (ConnectionError, asyncio.IncompleteReadError):
-        pass
-    finally:
-        with contextlib.suppress(Exception):
-            writer.close()
-
-
-async def forward(listener: socket.socket, unix_path: str) -> asyncio.AbstractServer:
-    """TCP on the sandbox's loopback -> the adapter's Unix socket, for CLIs that only speak TCP."""
-    async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        try:
-            up_r, up_w = await asyncio.open_unix_connection(unix_path)
-        except OSError:
-            w.close()
-            return
-        await asyncio.gather(_pump(r, up_w), _pump(up_r, w))
-    return await asyncio.start_server(handle, sock=listener)
-
-
 def listen_in(netns_fd: int, port: int) -> socket.socket:
     """A listening socket in the sandbox's network namespace (a socket keeps the namespace it was made in)."""
     host_ns = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
@@ -410,8 +386,10 @@ async def serve(sock: socket.socket, sup: Supervisor) -> None:
     sock.setblocking(False)
     loop.add_reader(sock.fileno(), on_message)
     fwd = sup.cfg.get("forwarder")
-    server = await forward(listen_in(dict((f, fd) for fd, f in sup.ns_fds)[linux.CLONE_NEWNET], fwd["port"]),
-                           fwd["unix"]) if fwd else None
+    # TCP on the sandbox's loopback -> the adapter's Unix socket, for CLIs that only speak TCP.
+    netns = dict((f, fd) for fd, f in sup.ns_fds)[linux.CLONE_NEWNET]
+    server = await asyncio.start_server(forwarder.handler(fwd["unix"]), sock=listen_in(netns, fwd["port"])) \
+        if fwd else None
     linux.setns(os.open(f"/proc/{sup.init_pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC), linux.CLONE_NEWPID)
     send({"op": "ready", "init": sup.init_pid, "slot": sup.slot, "uid_base": sup.uids.base,
           "unenforced": sup.cgroup.unenforced,

@@ -16,7 +16,8 @@ from http_fixtures import Hello, UnixHTTPServer, serve
 from proc_table import named
 
 from hpc.sandbox.base import SandboxError, SandboxSpec
-from hpc.sandbox.bwrap import BwrapSandbox, bwrap_argv, mount_points
+from hpc.sandbox.bwrap import BwrapSandbox
+from hpc.sandbox.bwrap_args import bwrap_argv, mount_points
 from hpc.sandbox.supervisor import FORK_SERVER_NAME, SUPERVISOR_NAME
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0,

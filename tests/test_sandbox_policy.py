@@ -9,6 +9,7 @@ import pytest
 
 from hpc.sandbox.bwrap_args import options
 from hpc.sandbox.cgroups import Cgroup, own_cgroups, unenforced_message
+from hpc.sandbox.layout import STAGE_DIR, stage_binds
 from hpc.sandbox.linux import CAPABILITIES
 from hpc.sandbox.policy import (
     DENIED_SYSCALLS,
@@ -21,7 +22,7 @@ from hpc.sandbox.policy import (
     dropped_capabilities,
     oci_seccomp_profile,
 )
-from hpc.sandbox.supervisor import STAGE_DIR, stage_binds, take_slot
+from hpc.sandbox.supervisor import take_slot
 
 REPO = Path(__file__).resolve().parents[1]
 

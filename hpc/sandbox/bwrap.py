@@ -25,16 +25,12 @@ import select
 import shutil
 import signal
 import socket
-import subprocess
-import threading
 from collections.abc import Mapping, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from .base import (
-    AGENT_GID,
     AGENT_UID,
     KILL_GRACE_S,
-    SOCKET_IN_SANDBOX,
     ExecResult,
     SandboxContext,
     SandboxError,
@@ -45,82 +41,13 @@ from .base import (
     sandbox_env,
     write_file_via_exec,
 )
-from .bwrap_args import BINDS, options
+from .bwrap_args import bwrap_argv, mount_points, write_minimal_etc
+from .forkserver import fork_server
 from .scratch import make_scratch, reap_abandoned
 
-_USR_MERGED = ("bin", "sbin", "lib", "lib64")
 SUPERVISOR_PYTHON = "/usr/bin/python3"   # Debian's, where python3-seccomp installs libseccomp's binding
-_REPO = str(Path(__file__).resolve().parents[2])
 _DRAIN_S = 2.0        # after a command exits, how long its output may still trickle in
 _ids = itertools.count(1)
-
-
-def write_minimal_etc(etc: Path) -> None:
-    """A minimal /etc for the host-image sandbox: the host's own /etc (secrets included) stays out."""
-    etc.mkdir(parents=True, exist_ok=True)
-    (etc / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n"
-                                f"agent:x:{AGENT_UID}:{AGENT_GID}:agent:/home/agent:/bin/bash\n")
-    (etc / "group").write_text(f"root:x:0:\nagent:x:{AGENT_GID}:\n")
-    (etc / "hosts").write_text("127.0.0.1 localhost sandbox\n")
-    (etc / "hostname").write_text("sandbox\n")
-    (etc / "nsswitch.conf").write_text("passwd: files\ngroup: files\nhosts: files\n")
-
-
-def bwrap_argv(spec: SandboxSpec, *, workdir_host: str | None, etc_host: str | None,
-               rootfs_host: str | None, home_host: str | None = None) -> list[str]:
-    """The bwrap command line (pure: paths on the host are given). `@INFO_FD@` is bwrap's info fd."""
-    # No --unshare-user: the supervisor made the user namespace (with the whole uid range mapped,
-    # so that uid 1000 owns what it writes) before bwrap runs.
-    argv = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
-            "--die-with-parent", "--new-session", "--clearenv", "--hostname", "sandbox", "--cap-drop", "ALL"]
-    if rootfs_host:
-        # The image's own copy-on-write layer: writable, so that bwrap can make its mount
-        # points (/proc, /run/agentrl, the workdir) and the agent can install packages.
-        argv += ["--bind", rootfs_host, "/"]
-    else:
-        argv += ["--ro-bind", "/usr", "/usr"]
-        for d in _USR_MERGED:
-            if os.path.islink(f"/{d}"):
-                argv += ["--symlink", os.readlink(f"/{d}"), f"/{d}"]
-            elif os.path.isdir(f"/{d}"):
-                argv += ["--ro-bind", f"/{d}", f"/{d}"]
-        argv += ["--ro-bind", etc_host, "/etc", "--dir", "/root"]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(spec.limits.tmp_bytes),
-             "--tmpfs", "/tmp", "--dir", "/run/agentrl"]
-    if home_host:      # the agent's HOME: its own, writable (CLIs keep settings and state there)
-        argv += [*_parents("/home/agent"), "--bind", home_host, "/home/agent"]
-    elif not rootfs_host:
-        argv += ["--dir", "/home/agent"]
-    if workdir_host:
-        argv += ["--bind", workdir_host, spec.workdir]
-    elif rootfs_host:
-        argv += ["--dir", spec.workdir]
-    for host, inside in spec.ro_binds.items():
-        argv += [*_parents(inside), "--ro-bind", host, inside]
-    if spec.adapter_socket:
-        argv += ["--bind", spec.adapter_socket, SOCKET_IN_SANDBOX]
-    # sleep is the sandbox's pid 1 itself (--as-pid-1): the kernel ignores a SIGKILL sent to a pid
-    # namespace's init from inside it, so no root of the sandbox can end it (`kill -9 -1` as root
-    # would otherwise take bwrap's init with its child, and a failed grading would become a retry).
-    return [*argv, "--as-pid-1", "--info-fd", "@INFO_FD@", "--", "sleep", "infinity"]
-
-
-def mount_points(argv: list[str]) -> list[tuple[str, str]]:
-    """(path, "dir"|"file") of every mount point bwrap makes: in an image, where the sandbox's
-    root owns nothing, the supervisor makes them first."""
-    out = []
-    for _, flag, args in options(argv):
-        if flag in BINDS and args[1] != "/":
-            out.append((args[1], "dir" if os.path.isdir(args[0]) else "file"))
-        elif flag in ("--proc", "--dev", "--tmpfs", "--dir"):
-            out.append((args[0], "dir"))
-    return out
-
-
-def _parents(inside: str) -> list[str]:
-    # Parents bwrap has to make for a mount point would be 0700: the agent (uid 1000) could not pass them.
-    return [arg for parent in reversed(PurePosixPath(inside).parents[:-1])
-            for arg in ("--perms", "0755", "--dir", str(parent))]
 
 
 class BwrapSandbox(SandboxContext):
@@ -418,57 +345,3 @@ def _feed(fd: int, data: bytes) -> None:
 def _killpg(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-
-
-class ForkServer:
-    """The owner's fork server (hpc.sandbox.supervisor --serve): started once, it forks a supervisor per
-    sandbox. It ends when this process does (its socket closes); if it was killed, the next fork
-    starts another."""
-
-    def __init__(self, python: str):
-        self.python, self._lock = python, threading.Lock()
-        self._proc: subprocess.Popen | None = None
-        self._sock: socket.socket | None = None
-
-    def fork(self, sock: socket.socket) -> int:
-        with self._lock:
-            for attempt in (1, 2):
-                if self._proc is None or self._proc.poll() is not None:
-                    self._spawn()
-                try:
-                    socket.send_fds(self._sock, [b'{"op": "fork"}'], [sock.fileno()])
-                    reply = self._sock.recv(4096)
-                except OSError:
-                    reply = b""
-                if reply:
-                    msg = json.loads(reply)
-                    if msg["op"] != "forked":
-                        raise SandboxError(f"the sandbox fork server refused: {msg.get('error')}")
-                    return msg["pid"]
-                self._proc.wait()
-                why = self._proc.stderr.read().decode(errors="replace").strip()[-2000:]
-                self._proc = None
-                if attempt == 2:      # once more after a fork server that was killed; twice is a fault
-                    raise SandboxError(f"the sandbox fork server ({self.python}) exited: {why or 'no reason given'}")
-        raise AssertionError("unreachable")
-
-    def _spawn(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        with theirs:
-            self._proc = subprocess.Popen(
-                [self.python, "-m", "hpc.sandbox.supervisor", "--serve", "--fd", str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),), env={"PYTHONPATH": _REPO, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                cwd="/", start_new_session=True)     # cwd: -m would import an `hpc` found there first
-        if self._sock is not None:
-            self._sock.close()
-        self._sock = ours
-
-
-_fork_servers: dict[str, ForkServer] = {}
-_fork_servers_lock = threading.Lock()
-
-
-def fork_server(python: str) -> ForkServer:
-    with _fork_servers_lock:
-        return _fork_servers.setdefault(python, ForkServer(python))

@@ -30,36 +30,20 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 import traceback
 from pathlib import Path
 
 from . import forwarder, linux
-from .bwrap_args import BINDS, options
 from .cgroups import PREFIX as CGROUP_PREFIX
 from .cgroups import Cgroup, reap_abandoned, unenforced_message
+from .layout import STAGE_DIR, build_file_system, stage_binds
 from .policy import MAX_SLOTS, ROOT_CAPS, SLOTS_DIR, Limits, UidRange, seccomp_filter
 
 CONTROL_FD = 3
 SUPERVISOR_NAME = "agentrl-sandbox"      # as `ps -o comm` shows them
 FORK_SERVER_NAME = "agentrl-forks"
-# bwrap runs as the sandbox's root, an unprivileged host uid that may not pass the 0700 directories
-# above a scratch dir, a tool dir or the adapter's socket: each bind source is bind-mounted first
-# under this directory (a tmpfs in the sandbox's private mount namespace) and bwrap gets that path.
-STAGE_DIR = "/run/agentrl/stage"
-
-
-def stage_binds(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
-    """bwrap's argv with every bind source replaced by its staged path, and (source, staged) pairs."""
-    out, pairs = list(argv), []
-    for i, flag, args in options(argv):
-        if flag in BINDS:
-            staged = f"{STAGE_DIR}/{len(pairs)}"
-            pairs.append((args[0], staged))
-            out[i + 1] = staged
-    return out, pairs
 NAMESPACES = (("user", linux.CLONE_NEWUSER), ("mnt", linux.CLONE_NEWNS), ("ipc", linux.CLONE_NEWIPC),
               ("uts", linux.CLONE_NEWUTS), ("net", linux.CLONE_NEWNET), ("cgroup", linux.CLONE_NEWCGROUP))
 
@@ -143,38 +127,10 @@ class Supervisor:
         self.pidns = os.stat(f"/proc/{self.init_pid}/ns/pid").st_ino
 
     def _become_sandbox(self, up_w: int, go_r: int) -> None:
-        """In the forked child: the cgroups, a mount namespace with the layers, the user namespace."""
-        cfg, base = self.cfg, self.uids.base
+        """In the forked child: the cgroups, a mount namespace with its file system, the user namespace."""
         self.cgroup.join()
-        # The sandbox's root (an unprivileged host uid) must pass its scratch directory; no one else may.
-        os.chown(cfg["scratch"], base, base)
         linux.unshare(linux.CLONE_NEWNS)
-        run = lambda *a: subprocess.run(a, check=True, capture_output=True)  # noqa: E731
-        linux.mount("none", "/", None, linux.MS_REC | linux.MS_PRIVATE)
-        disk = cfg["disk"]
-        os.makedirs(disk, exist_ok=True)
-        if self.limits.storage_mb:
-            linux.mount("tmpfs", disk, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV,
-                        f"size={self.limits.storage_mb}m,mode=0755")
-        for i, layer in enumerate(cfg["layers"]):
-            upper, work = f"{disk}/layer{i}/upper", f"{disk}/layer{i}/work"
-            os.makedirs(upper)
-            os.makedirs(work)
-            linux.mount("overlay", layer["merged"], "overlay", 0,
-                        f"lowerdir={layer['source']},upperdir={upper},workdir={work},metacopy=on")
-            if layer.get("owner") is not None:
-                host = self.uids.host(layer["owner"])
-                run("chown", "-R", f"{host}:{host}", layer["merged"])
-        if cfg.get("image_root"):
-            self._prepare_image_root(cfg["image_root"], run)
-        home = Path(disk) / "home"
-        home.mkdir()
-        os.chown(home, self.uids.host(1000), self.uids.host(1000))
-        os.chown(disk, base, base)
-        linux.mount("tmpfs", STAGE_DIR, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "mode=0755,size=1m")
-        for source, staged in self._staged:
-            os.mkdir(staged) if os.path.isdir(source) else open(staged, "w").close()
-            linux.mount(source, staged, None, linux.MS_BIND | linux.MS_REC)
+        build_file_system(self.cfg, self.uids, self.limits, self._staged)
         linux.unshare(linux.CLONE_NEWUSER)
         os.write(up_w, b"u")
         if os.read(go_r, 1) != b"g":
@@ -182,26 +138,6 @@ class Supervisor:
         os.setgroups([])
         os.setresgid(0, 0, 0)
         os.setresuid(0, 0, 0)
-
-    def _prepare_image_root(self, image: dict, run) -> None:
-        """bwrap makes its mount points as the sandbox's root, which owns nothing of an image: they
-        (and the dirs grading writes to) are made here and handed to that root; an image's own
-        work tree is handed to the agent."""
-        base, root = self.uids.base, Path(image["path"])
-        if image.get("agent_tree"):
-            tree = root / image["agent_tree"].lstrip("/")
-            if tree.is_dir():
-                host = self.uids.host(1000)
-                run("chown", "-R", f"{host}:{host}", str(tree))
-        for rel, kind in image["mountpoints"]:
-            p = root / rel.lstrip("/")
-            for parent in reversed([q for q in p.parents if root in q.parents]):
-                if not os.path.lexists(parent):
-                    parent.mkdir()
-                    os.lchown(parent, base, base)
-            if not os.path.lexists(p):
-                p.mkdir() if kind == "dir" else p.touch()
-            os.lchown(p, base, base)
 
     def _read_info(self, info_r: int, err_r: int, timeout_s: float = 30.0) -> int:
         buf, deadline = b"", time.monotonic() + timeout_s

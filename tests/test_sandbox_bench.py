@@ -46,9 +46,11 @@ def test_quick_run_reports_figures_beside_baselines(runnable, tmp_path):
 
     ready = out["ready"]
     assert ready["rounds"] == 3
-    for side in ("figure", "baseline"):
+    for side in ("figure", "baseline", "unhardened"):
         r = ready[side]
         assert 0 < r["p50_s"] <= r["p95_s"] and r["stop_p50_s"] > 0
+    # what the hardening costs: ours beside the runtime without it
+    assert ready["hardening_ratio_p50"] == _approx(ready["figure"]["p50_s"] / ready["unhardened"]["p50_s"])
     assert ready["ratio_p50"] == _approx(ready["figure"]["p50_s"] / ready["baseline"]["p50_s"])
     assert ready["ratio_p95"] == _approx(ready["figure"]["p95_s"] / ready["baseline"]["p95_s"])
     assert ready["target"] == {"p50_s": 0.3, "max_ratio_p50": 0.05}
@@ -57,7 +59,7 @@ def test_quick_run_reports_figures_beside_baselines(runnable, tmp_path):
     rows = out["throughput"]
     assert [r["concurrency"] for r in rows] == [1, 2]
     for row in rows:
-        for side in ("figure", "baseline"):
+        for side in ("figure", "baseline", "unhardened"):
             m = row[side]
             if m is None:                      # skipped for the budget: it must say so
                 assert row["skipped"] and out["skipped"]
@@ -68,6 +70,8 @@ def test_quick_run_reports_figures_beside_baselines(runnable, tmp_path):
             assert row["ratio"] == _approx(row["figure"]["cycles_per_s"] / row["baseline"]["cycles_per_s"])
         else:
             assert row["ratio"] is None
+        if row["figure"] and row["unhardened"]:
+            assert row["hardening_ratio"] == _approx(row["figure"]["cycles_per_s"] / row["unhardened"]["cycles_per_s"])
     # Nothing is left mounted or running.
     assert str(tmp_path) not in Path("/proc/mounts").read_text()
     assert not [d for d in tmp_path.iterdir() if d.name.startswith("run-")]

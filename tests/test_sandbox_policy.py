@@ -138,3 +138,18 @@ def test_supervisor_imports_only_the_standard_library():
             "{'pydantic','numpy','httpx','torch','fastapi','yaml'}))")
     r = subprocess.run([shutil.which("python3"), "-S", "-c", code, str(REPO)], capture_output=True, text=True)
     assert r.stdout.strip() == "[]", r.stderr
+
+
+def test_the_pool_says_once_which_limits_a_node_cannot_enforce(caplog):
+    from types import SimpleNamespace
+
+    from agentrl.rollout.attempt import _report_limits
+    ctx = SimpleNamespace(limits_reported=False)
+    why = "no cgroup v1 memory controller mounted at /sys/fs/cgroup/memory"
+    sandbox = SimpleNamespace(unenforced={"memory_mb": why})
+    with caplog.at_level("WARNING", logger="agentrl.pool"):
+        _report_limits(ctx, sandbox)
+        _report_limits(ctx, sandbox)
+    (record,) = caplog.records
+    msg = record.getMessage()
+    assert f"memory_mb ({why})" in msg and "To enforce them" in msg

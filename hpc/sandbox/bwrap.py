@@ -130,7 +130,8 @@ class BwrapSandbox(SandboxContext):
         self._sock = ours
         with theirs:
             self.supervisor_pid = fork_server(self.python).fork(theirs)
-        self._pidfd = os.pidfd_open(self.supervisor_pid)
+        with contextlib.suppress(ProcessLookupError):     # gone already: its socket says why below
+            self._pidfd = os.pidfd_open(self.supervisor_pid)
         ours.send(json.dumps(cfg).encode())
         ours.settimeout(60)
         try:
@@ -244,9 +245,11 @@ class BwrapSandbox(SandboxContext):
         except asyncio.CancelledError:
             _killpg(pid, signal.SIGKILL)
             readers.cancel()
+            out.close()
+            err.close()
             raise
         finally:
-            self._exits.pop(pid, None) if self._exits.get(pid) is not None and self._exits[pid].done() else None
+            self._exits.pop(pid, None)      # a late exit message for it is then ignored
         # Children it left in its group (a background job) go with it.
         _killpg(pid, signal.SIGKILL)
         # A daemon may hold the pipes open: whatever it has not written by now is not waited for.
@@ -283,10 +286,7 @@ class BwrapSandbox(SandboxContext):
         return await read_file_via_exec(self, path, user=user)
 
     async def stop(self) -> None:
-        if self._loop is not None and self._sock is not None and not self._dead:
-            with contextlib.suppress(Exception):
-                self._loop.remove_reader(self._sock.fileno())
-        self._fail_all("the sandbox was stopped")
+        self._fail_all("the sandbox was stopped")      # also stops reading its control socket
         await asyncio.to_thread(self._stop)
 
     def _stop(self) -> None:

@@ -168,11 +168,23 @@ def test_a_killed_supervisor_takes_its_sandbox_with_it_and_the_next_one_reaps(re
         with pytest.raises(SandboxError, match="supervisor exited"):
             await sb.exec("true")
         left = sorted(p.name for p in scratch.iterdir())
+        cgroups = _sandbox_cgroups(sb.supervisor_pid)
         await sb.stop()
-        return left
-    left = run(go())
+        async with BwrapSandbox(SandboxSpec(workdir_source=str(repo), scratch_dir=str(scratch))):
+            reaped = _sandbox_cgroups(sb.supervisor_pid)
+        return left, cgroups, reaped
+    left, cgroups, reaped = run(go())
     assert len(left) == 1            # the owner is alive, so it removes it at stop
     assert not list(scratch.iterdir())
+    # Its cgroups (pids, at least: every sandbox has a pids limit) outlived it; the next sandbox removed them.
+    assert cgroups and not reaped
+
+
+def _sandbox_cgroups(supervisor_pid: int) -> list[Path]:
+    from hpc.sandbox.cgroups import PREFIX, ROOT, own_cgroups
+    own = own_cgroups(Path("/proc/self/cgroup").read_text())
+    bases = [ROOT / c / p.lstrip("/") for c, p in own.items() if c and (ROOT / c).is_dir()]
+    return [d for b in bases if b.is_dir() for d in b.iterdir() if d.name.startswith(f"{PREFIX}{supervisor_pid}.")]
 
 
 def test_network_only_the_own_adapter_is_reachable(repo, tmp_path):

@@ -284,3 +284,18 @@ def test_the_agent_can_write_its_home_and_tmp(image, tmp_path):
     r = run(go())
     assert r.exit_code == 0, r.stderr
     assert r.stdout.decode().split() == ["agent:755", "root:1777"]
+
+
+def test_a_killed_fork_server_is_started_again(repo):
+    from hpc.sandbox.bwrap import SUPERVISOR_PYTHON
+    from hpc.sandbox.forkserver import fork_server
+
+    async def one():
+        async with BwrapSandbox(SandboxSpec(workdir_source=str(repo))) as sb:
+            return (await sb.exec("python3 app.py")).stdout
+    assert run(one()) == b"hello from the sandbox\n"
+    server = fork_server(SUPERVISOR_PYTHON)._proc
+    server.kill()
+    server.wait()
+    assert run(one()) == b"hello from the sandbox\n"
+    assert fork_server(SUPERVISOR_PYTHON)._proc.pid != server.pid

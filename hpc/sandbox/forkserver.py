@@ -8,6 +8,7 @@ process does, since its socket closes; if it was killed, the next fork starts an
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import threading
@@ -25,11 +26,13 @@ class ForkServer:
         self.python, self._lock = python, threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
+        self._owner: int | None = None
 
     def fork(self, sock: socket.socket) -> int:
         with self._lock:
             for attempt in (1, 2):
-                if self._proc is None or self._proc.poll() is not None:
+                # A fork of this process (multiprocessing, say) must not share the parent's server.
+                if self._proc is None or self._owner != os.getpid() or self._proc.poll() is not None:
                     self._spawn()
                 try:
                     socket.send_fds(self._sock, [b'{"op": "fork"}'], [sock.fileno()])
@@ -49,6 +52,7 @@ class ForkServer:
         raise AssertionError("unreachable")
 
     def _spawn(self) -> None:
+        self._owner = os.getpid()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             self._proc = subprocess.Popen(

@@ -131,7 +131,7 @@ def _add_eval_parser(sub) -> None:
 
 
 def _add_tasks_parser(sub) -> None:
-    t = sub.add_parser("tasks", help="check a task set before training on it")
+    t = sub.add_parser("tasks", help="generate a task set, or check one before training on it")
     t_sub = t.add_subparsers(dest="tasks_command", required=True)
     c = t_sub.add_parser("check", help="oracle (solution) and no-op runs of each task, in real sandboxes; "
                                        "with --hacks, known reward hacks too",
@@ -168,6 +168,12 @@ def _add_tasks_parser(sub) -> None:
             c.error("--concurrency must be at least 1")
         return check_main(args)
     c.set_defaults(func=run)
+
+    from .swe import generate
+    g = t_sub.add_parser("generate", help="write N Harbor tasks of a family, procedurally and reproducibly",
+                         description=generate.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    generate.add_arguments(g)
+    g.set_defaults(func=generate.run)
 
 
 def build_parser() -> argparse.ArgumentParser:

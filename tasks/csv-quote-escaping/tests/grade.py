@@ -17,7 +17,7 @@ test is not root: it cannot write the reward, rewrite /tests, or kill this scrip
 shell that reads the reward. The expected names are read before the code under test runs,
 and the run is killed with everything the test user left running before the log is read.
 
-The same file, byte for byte, in every task (a test checks it).
+The same file, byte for byte, in every task: its one source is agentrl/swe/verifier/ (a test checks the copies).
 """
 
 import json

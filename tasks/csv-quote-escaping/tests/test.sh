@@ -3,7 +3,7 @@
 # exit code: grade.py runs the suite as the work tree's owner (not root), reads its verbose
 # log and writes reward 1 only if every test that expected.json names reported "ok".
 # Paths come from the environment with Harbor's defaults, so the same script runs in a
-# sandbox and, remapped, on a plain host. The same file in every task.
+# sandbox and, remapped, on a plain host. The same file in every task (agentrl/swe/verifier/).
 TESTBED=${TESTBED:-/testbed}
 TESTS_DIR=${TESTS_DIR:-/tests}
 LOGS_DIR=${LOGS_DIR:-/logs/verifier}

@@ -1,0 +1,232 @@
+"""The task's grader: the reward comes from test results, never from an exit code.
+
+    python3 -I grade.py stop
+        Kill every process of the test user (below). In a same-sandbox grading that user is
+        the agent, so nothing the agent left running edits the tree while it is graded. Only
+        in a pid namespace of its own (a sandbox, a container), never on a host.
+    python3 -I grade.py run --expected EXPECTED.json --log LOG --reward REWARD -- COMMAND...
+        Run COMMAND, a verbose unittest run, as the test user with its output in LOG, then
+        write REWARD: 1 only if every test that EXPECTED.json names (FAIL_TO_PASS and
+        PASS_TO_PASS, SWE-bench's keys) is reported "ok" by a run that reached its summary.
+        Skipped, expected failure, failure, error, missing, a run that died early: 0.
+        COMMAND's exit code plays no part. Exits 0 when the reward is 1, else 1.
+
+The test user is the owner of the work tree (the current directory) when the verifier runs
+as root and the tree is not root's: in agentrl's sandboxes the agent's uid. So the code under
+test is not root: it cannot write the reward, rewrite /tests, or kill this script and the
+shell that reads the reward. The expected names are read before the code under test runs,
+and the run is killed with everything the test user left running before the log is read.
+
+The same file, byte for byte, in every task: its one source is agentrl/swe/verifier/ (a test checks the copies).
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HEAD = re.compile(r"^([^\s(]+) \(([A-Za-z_][\w.]*)\)(?: \.\.\. (.*))?$")  # "test_x (pkg.mod.C.test_x) ... ok"
+FAILED_HEAD = re.compile(r"^(FAIL|ERROR|UNEXPECTED SUCCESS): ([^\s(]+) \(([A-Za-z_][\w.]*)\)")
+RAN = re.compile(r"^Ran \d+ tests? in [\d.]+s$")
+VERDICT = re.compile(r"^(?:OK|FAILED)(?: \(.*\))?$")
+INIT_PID_NS = 0xEFFFFFFC   # the inode of the kernel's initial pid namespace (PROC_PID_INIT_INO)
+
+
+def test_id(name, where):
+    """unittest's id: 'pkg.mod.Class.test_x' (Python 3.11 prints it; earlier ones print 'pkg.mod.Class')."""
+    return where if where.endswith("." + name) else f"{where}.{name}"
+
+
+def normalize(name):
+    m = HEAD.match(name.strip())
+    return test_id(m.group(1), m.group(2)) if m else name.strip()
+
+
+def load_expected(path):
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    out = {}
+    for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+        names = data.get(key) or []
+        if isinstance(names, str):          # a SWE-bench record keeps them as JSON text
+            names = json.loads(names)
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ValueError(f"{path}: {key} must be a list of test names")
+        out[key] = [normalize(n) for n in names]
+    if not out["FAIL_TO_PASS"]:
+        raise ValueError(f"{path}: FAIL_TO_PASS names no test: nothing would tell a fix from no change")
+    return out
+
+
+def parse(text):
+    """({test id: status}, reached the summary). A test reported twice keeps its worst status."""
+    status, failed, ran, verdict, pending = {}, {}, False, False, None
+
+    def record(tid, word):
+        word = word.strip()
+        s = ("ok" if word == "ok" else "skipped" if word.startswith("skipped") else
+             "expected failure" if word == "expected failure" else word or "no result")
+        if status.get(tid, "ok") == "ok":
+            status[tid] = s
+
+    for line in text.splitlines():
+        if RAN.match(line):
+            ran, verdict = True, False
+            continue
+        if ran and VERDICT.match(line):
+            verdict = True
+            continue
+        m = HEAD.match(line)
+        if m:
+            tid = test_id(m.group(1), m.group(2))
+            if m.group(3) is None:           # a docstring's line (or the test's own output) comes first
+                pending = tid
+            else:
+                record(tid, m.group(3))
+                pending = None
+            continue
+        if pending and " ... " in line:
+            record(pending, line.rsplit(" ... ", 1)[1])
+            pending = None
+            continue
+        f = FAILED_HEAD.match(line)
+        if f:
+            failed[test_id(f.group(2), f.group(3))] = f.group(1)
+    status.update(failed)                    # a failing subtest, or an error in tearDown after "ok"
+    return status, ran and verdict
+
+
+def write_reward(path, value):
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".reward-")
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{value}\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def test_user():
+    """(uid, gid) the tests run as, or None to stay who we are (not root, or the tree is root's)."""
+    st = os.stat(".")
+    if os.geteuid() != 0 or st.st_uid == 0:
+        return None
+    return st.st_uid, st.st_gid
+
+
+def processes_of(uid):
+    mine, out = os.getpid(), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        if int(pid) != mine and int(fields["Uid"].split()[0]) == uid and not fields["State"].strip().startswith("Z"):
+            out.append(int(pid))
+    return out
+
+
+def own_pid_namespace():
+    """In a sandbox or container (a pid namespace of its own), not on a host: there, killing every
+    process of a user would reach the user's whole session."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino != INIT_PID_NS
+    except OSError:
+        return False
+
+
+def stop(user):
+    """SIGKILL every process of `user`, from a child that has become that user (kill(-1) as that
+    uid reaches exactly its processes, atomically with respect to fork). Only in a pid namespace
+    of our own."""
+    if user is None or not own_pid_namespace():
+        return
+    uid, gid = user
+    for _ in range(20):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setgroups([])
+                os.setgid(gid)
+                os.setuid(uid)
+                os.kill(-1, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            except BaseException:
+                os._exit(1)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        time.sleep(0.01)
+        if not processes_of(uid):
+            return
+    raise SystemExit(f"grade.py: processes of uid {uid} survive SIGKILL: {processes_of(uid)}")
+
+
+def run(expected_path, log_path, reward_path, command):
+    write_reward(reward_path, 0)
+    try:
+        expected = load_expected(expected_path)
+    except (OSError, ValueError) as e:
+        print(f"grade.py: cannot read the expected tests: {e}", file=sys.stderr)
+        return 2
+    user = test_user()
+    home = tempfile.mkdtemp(prefix="grade-home-")
+    env = dict(os.environ, HOME=home)
+    become = None
+    if user is not None:
+        os.chown(home, *user)
+        env.pop("USER", None)
+        env.pop("LOGNAME", None)
+
+        def become():                        # preexec_fn: Python 3.6 has it, not subprocess's user=
+            os.setgroups([])
+            os.setgid(user[1])
+            os.setuid(user[0])
+    with open(log_path, "wb") as log:
+        try:
+            subprocess.call(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            preexec_fn=become)
+        except (OSError, subprocess.SubprocessError) as e:
+            log.write(f"grade.py: cannot run {command}: {e}\n".encode())
+    stop(user)                               # whatever the test run left behind
+    with open(log_path, "rb") as log:
+        text = log.read().decode("utf-8", errors="replace")
+    shown = text if len(text) <= 1 << 20 else "[... the log's first part left out]\n" + text[-(1 << 20):]
+    sys.stderr.write(shown)
+    sys.stderr.flush()
+    status, complete = parse(text)
+    lines, passed = [], complete
+    for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+        for tid in expected[key]:
+            s = status.get(tid, "missing")
+            passed = passed and s == "ok"
+            lines.append(f"  {key} {tid}: {s}")
+    named = len(expected["FAIL_TO_PASS"]) + len(expected["PASS_TO_PASS"])
+    ok = sum(status.get(t) == "ok" for k in expected for t in expected[k])
+    print(f"grade.py: {ok} of {named} named tests ok" + ("" if complete else "; the run never reached its summary"))
+    print("\n".join(lines))
+    write_reward(reward_path, 1 if passed else 0)
+    print(f"reward {1 if passed else 0}")
+    shutil.rmtree(home, ignore_errors=True)
+    return 0 if passed else 1
+
+
+def main(argv):
+    if argv[:1] == ["stop"] and len(argv) == 1:
+        stop(test_user())
+        return 0
+    if argv[:1] == ["run"] and "--" in argv:
+        opts, command = argv[1:argv.index("--")], argv[argv.index("--") + 1:]
+        keys = {opts[i]: opts[i + 1] for i in range(0, len(opts) - 1, 2)}
+        if len(opts) == 6 and sorted(keys) == ["--expected", "--log", "--reward"] and command:
+            return run(keys["--expected"], keys["--log"], keys["--reward"], command)
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -93,6 +93,12 @@ def _add_train_parser(sub) -> None:
     train_cli.add_arguments(t)
     t.set_defaults(func=train_cli.run)
 
+    from .train import sft
+    s = sub.add_parser("sft", help="fine-tune a model on recorded samples (the warm start before RL, or distillation)",
+                       description=sft.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sft.add_arguments(s)
+    s.set_defaults(func=sft.run)
+
 
 def _add_pool_parser(sub) -> None:
     from .rollout import cli as pool_cli

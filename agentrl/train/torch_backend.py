@@ -105,6 +105,22 @@ class TorchPolicy:
         summed = self._sum_over_ranks(totals)
         return {**summed, "grad_norm": float(grad_norm), "step_samples": plan.samples, "step_tokens": plan.tokens}
 
+    def sft_step(self, batch: RolloutBatch, indices: list[int]) -> dict[str, float]:
+        """One optimizer step of cross-entropy on the trained tokens of `indices` (their token mean):
+        the warm start (agentrl/train/sft.py), on one process."""
+        self.optimizer.zero_grad(set_to_none=True)
+        logprobs = self.response_logprobs(self.model, batch, indices)
+        mask = torch.cat([torch.from_numpy(batch.samples[i].loss_mask.astype("float32")) for i in indices])
+        mask = mask.to(self.device)
+        tokens = mask.sum()
+        loss = -(logprobs * mask).sum() / tokens
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        self.steps += 1
+        return {"loss": float(loss.detach()), "grad_norm": float(grad_norm), "tokens": float(tokens),
+                "samples": len(indices)}
+
     def _sum_over_ranks(self, totals: dict[str, float]) -> dict[str, float]:
         if self.world_size == 1 or not totals:
             return totals

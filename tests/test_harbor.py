@@ -257,3 +257,11 @@ def test_a_bad_storage_size_names_the_key(tmp_path):
     text = '[agent]\ntimeout_sec = 10.0\n[environment]\ndocker_image = "host"\nworkdir = "/testbed"\nstorage = "lots"\n'
     with pytest.raises(HarborTaskError, match="storage 'lots' is not a size"):
         parse_task_toml(text, tmp_path, tmp_path / "task.toml")
+
+
+def test_a_datasets_hidden_directories_are_not_tasks(tmp_path):
+    from agentrl.swe.harbor import expand_task_dirs
+    for name in ("a", ".a.tmp-123", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "instruction.md").write_text("x")
+    assert expand_task_dirs([tmp_path]) == [tmp_path / "a", tmp_path / "b"]

@@ -87,3 +87,27 @@ def test_a_pool_worker_runs_attempts_end_to_end(run, tiny_model):
                    if m]
         assert trained == [(t, pytest.approx(logprob(i, t))) for ids in sampled for i, t in enumerate(ids)]
     assert not Registry(run.services_dir).services("pool")          # deregistered at the end
+
+
+def test_a_record_that_is_not_a_task_fails_its_claim_and_not_the_worker():
+    import asyncio
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from agentrl.rollout.worker import PoolWorker
+    from agentrl.swe.check import load_record
+    from hpc.ledger import Claim
+
+    failed = []
+
+    async def fail(claim, reason):
+        failed.append((claim, reason))
+    bad = {"prompt": "p", "metadata": {"instance_id": "t", "image": "host", "workdir": "/", "eval_command": "true",
+                                       "timeouts": {"agent_s": 1, "eval_s": 1},
+                                       "harbor": {"test_sh": "", "test_files": {"../../etc/x": ""}}}}
+    worker = SimpleNamespace(task_for=lambda group: load_record(bad), counts=Counter(), _fail=fail)
+    claim = Claim(rollout_id=0, group=3, attempt=1, generation=0)
+    asyncio.run(PoolWorker._attempt(worker, None, claim))
+    assert worker.counts["bad_tasks"] == 1
+    (got, reason), = failed
+    assert got == claim and reason.startswith("task: ") and "workdir" in reason

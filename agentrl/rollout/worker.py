@@ -28,6 +28,7 @@ from ..adapter.serve import AdapterServer
 from ..adapter.service import Adapter, AdapterConfig
 from ..harness import get_harness
 from ..swe.check import LoadedTask, load_record
+from ..swe.task import TaskSpecError
 from ..train.config import TrainConfig
 from .attempt import InfraError, PoolContext, run_attempt
 from .config import PoolConfig
@@ -117,8 +118,16 @@ class PoolWorker:
 
     async def _attempt(self, ctx: PoolContext, claim: Claim) -> None:
         where = f"rollout {claim.rollout_id} group {claim.group} attempt {claim.attempt} try {claim.try_index}"
-        work = asyncio.create_task(run_attempt(ctx, self.task_for(claim.group), group=claim.group,
-                                               attempt=claim.attempt))
+        try:
+            task = self.task_for(claim.group)
+        except (TaskSpecError, ValueError, KeyError) as e:
+            # The prompt data's record cannot be a task (hostile or broken data): the claim fails, named,
+            # and the ledger's bound on tries ends it; it must not escape the attempt and the worker.
+            self.counts["bad_tasks"] += 1
+            log.error("%s: the task's record is invalid: %s", where, e)
+            await self._fail(claim, f"task: {e}")
+            return
+        work = asyncio.create_task(run_attempt(ctx, task, group=claim.group, attempt=claim.attempt))
         beat = asyncio.create_task(self._heartbeat(claim, work))
         try:
             outcome = await work

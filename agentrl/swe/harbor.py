@@ -446,12 +446,14 @@ def convert_task(task_dir: Path) -> dict[str, Any]:
 
 
 def expand_task_dirs(paths: list[Path]) -> list[Path]:
-    """Task directories as given; a directory of task directories (a dataset) stands for its tasks."""
+    """Task directories as given; a directory of task directories (a dataset) stands for its tasks,
+    but not its hidden ones (a generator's unfinished `.NAME.tmp-*`, an editor's, git's)."""
     out = []
     for p in map(Path, paths):
         is_task = (p / "task.toml").exists() or (p / "instruction.md").exists()
         children = [] if is_task or not p.is_dir() else sorted(
-            c for c in p.iterdir() if (c / "task.toml").exists() or (c / "instruction.md").exists())
+            c for c in p.iterdir()
+            if not c.name.startswith(".") and ((c / "task.toml").exists() or (c / "instruction.md").exists()))
         out.extend(children or [p])
     return out
 

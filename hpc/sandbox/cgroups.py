@@ -48,10 +48,10 @@ class Cgroup:
         if (root / "cgroup.controllers").exists():
             cg._create_v2(root / own.get("", "/").lstrip("/") / name, limits, wanted)
         else:
-            cg._create_v1(root, own, name, limits, wanted)
+            cg._create_v1(root, own, name, limits)
         return cg
 
-    def _create_v1(self, root: Path, own: dict[str, str], name: str, limits: Limits, wanted: dict) -> None:
+    def _create_v1(self, root: Path, own: dict[str, str], name: str, limits: Limits) -> None:
         for controller, files in cgroup_v1_settings(limits).items():
             limit = _V1_FILE[controller]
             base = root / controller

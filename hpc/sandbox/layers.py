@@ -1,6 +1,7 @@
 """The writable copy-on-write layer of a sandbox over a read-only image or work tree.
 
-Debian 12's bwrap (0.8) has no --overlay, so the layer is made before bwrap starts:
+For the Apptainer and local runtimes (the bwrap runtime's supervisor mounts its own layers in
+the sandbox's private mount namespace: hpc/sandbox/layout.py). Two kinds:
 - overlay: a kernel overlayfs (root only here), with metacopy so that handing the tree to the
   agent's uid copies metadata, not file data; ready in milliseconds whatever the tree's size.
 - copy: a reflink copy where the filesystem supports it (XFS, Btrfs), else a plain copy;
@@ -10,7 +11,6 @@ Debian 12's bwrap (0.8) has no --overlay, so the layer is made before bwrap star
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -31,17 +31,14 @@ class Layer:
     path: Path
     scratch: Path
     kind: str
-    # A planned overlay: the shell commands that mount (and chown) it, to be run inside the
-    # sandbox's own mount namespace, where it vanishes with the sandbox however it ends.
-    setup: list[str] | None = None
 
     def close(self) -> None:
-        if self.kind == "overlay" and self.setup is None:
+        if self.kind == "overlay":
             subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
-def _chown_tree(path: Path, uid: int | None, gid: int | None) -> None:
+def chown_tree(path: Path | str, uid: int | None, gid: int | None) -> None:
     # An image keeps its owners (and its setuid bits, which chown clears): only a work tree
     # handed to the agent is chowned, and uid None means "leave as is".
     if uid is None or gid is None:
@@ -56,18 +53,6 @@ def _overlay_dirs(source: Path, scratch: Path) -> tuple[Path, str]:
     return merged, f"lowerdir={source},upperdir={upper},workdir={work},metacopy=on"
 
 
-def planned_overlay(source: Path, scratch_root: str | None, uid: int | None, gid: int | None) -> Layer:
-    """An overlay that is not mounted yet: its `setup` commands mount it where the caller runs them."""
-    if not source.is_dir():
-        raise LayerError(f"{source} is not a directory")
-    scratch = make_scratch("layer", scratch_root)
-    merged, opts = _overlay_dirs(source, scratch)
-    setup = [shlex.join(["mount", "-t", "overlay", "overlay", "-o", opts, str(merged)])]
-    if uid is not None and gid is not None:
-        setup.append(shlex.join(["chown", "-R", f"{uid}:{gid}", str(merged)]))
-    return Layer(source, merged, scratch, "overlay", setup)
-
-
 def overlay_layer(source: Path, scratch: Path, uid: int | None, gid: int | None) -> Layer:
     merged, opts = _overlay_dirs(source, scratch)
     r = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, str(merged)],
@@ -76,7 +61,7 @@ def overlay_layer(source: Path, scratch: Path, uid: int | None, gid: int | None)
         raise LayerError(f"overlay mount failed: {r.stderr.strip()}")
     layer = Layer(source, merged, scratch, "overlay")
     try:
-        _chown_tree(merged, uid, gid)
+        chown_tree(merged, uid, gid)
     except subprocess.CalledProcessError as e:
         layer.close()
         raise LayerError(f"chown in the overlay failed: {e.stderr}") from None
@@ -90,7 +75,7 @@ def copy_layer(source: Path, scratch: Path, uid: int | None, gid: int | None) ->
         shutil.rmtree(scratch, ignore_errors=True)
         raise LayerError(f"copying {source} failed: {r.stderr.strip()}")
     if os.geteuid() == 0:
-        _chown_tree(dest, uid, gid)
+        chown_tree(dest, uid, gid)
     return Layer(source, dest, scratch, "copy")
 
 

@@ -9,11 +9,11 @@ Everything here vanishes with the mount namespace, however the sandbox ends.
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 from . import linux
 from .bwrap_args import BINDS, options
+from .layers import chown_tree
 from .policy import Limits, UidRange
 
 # bwrap runs as the sandbox's root, an unprivileged host uid that may not pass the 0700 directories
@@ -33,10 +33,6 @@ def stage_binds(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
     return out, pairs
 
 
-def _chown_tree(path: str, host_uid: int) -> None:
-    subprocess.run(["chown", "-R", f"{host_uid}:{host_uid}", path], check=True, capture_output=True)
-
-
 def build_file_system(cfg: dict, uids: UidRange, limits: Limits, staged: list[tuple[str, str]]) -> None:
     """Mount and hand over everything bwrap will bind (in the child, after unshare(CLONE_NEWNS))."""
     base = uids.base
@@ -54,7 +50,7 @@ def build_file_system(cfg: dict, uids: UidRange, limits: Limits, staged: list[tu
         linux.mount("overlay", layer["merged"], "overlay", 0,
                     f"lowerdir={layer['source']},upperdir={upper},workdir={work},metacopy=on")
         if layer.get("owner") is not None:
-            _chown_tree(layer["merged"], uids.host(layer["owner"]))
+            chown_tree(layer["merged"], uids.host(layer["owner"]), uids.host(layer["owner"]))
     if cfg.get("image_root"):
         prepare_image_root(cfg["image_root"], uids)
     home = Path(disk) / "home"
@@ -75,7 +71,7 @@ def prepare_image_root(image: dict, uids: UidRange) -> None:
     if image.get("agent_tree"):
         tree = root / image["agent_tree"].lstrip("/")
         if tree.is_dir():
-            _chown_tree(str(tree), uids.host(1000))
+            chown_tree(tree, uids.host(1000), uids.host(1000))
     for rel, kind in image["mountpoints"]:
         p = root / rel.lstrip("/")
         for parent in reversed([q for q in p.parents if root in q.parents]):

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from . import forwarder, linux
 from .cgroups import PREFIX as CGROUP_PREFIX
-from .cgroups import Cgroup, reap_abandoned, unenforced_message
+from .cgroups import Cgroup, reap_abandoned
 from .layout import STAGE_DIR, build_file_system, stage_binds
 from .policy import MAX_SLOTS, ROOT_CAPS, SLOTS_DIR, Limits, UidRange, seccomp_filter
 
@@ -61,6 +61,17 @@ def take_slot(slots_dir: str) -> tuple[int, int]:
     raise RuntimeError(f"all {MAX_SLOTS} sandbox uid slots of this node are taken ({slots_dir})")
 
 
+_FILTER = None
+
+
+def sandbox_filter():
+    """The seccomp filter, built once per process: the fork server builds it, its supervisors inherit it."""
+    global _FILTER
+    if _FILTER is None:
+        _FILTER = seccomp_filter()
+    return _FILTER
+
+
 def _alive(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
 
@@ -73,12 +84,12 @@ def _state(pid: int) -> str:
 
 
 class Supervisor:
-    def __init__(self, sock: socket.socket, cfg: dict):
-        self.sock, self.cfg = sock, cfg
+    def __init__(self, cfg: dict):
+        self.cfg = cfg
         self.limits = Limits(**cfg.get("limits", {}))
         self.slot, self._slot_fd = take_slot(cfg.get("slots_dir", SLOTS_DIR))
         self.uids = UidRange(self.slot)
-        self.filter = seccomp_filter()
+        self.filter = sandbox_filter()
         reap_abandoned(_alive)
         self.cgroup = Cgroup.create(f"{CGROUP_PREFIX}{os.getpid()}.{self.slot}", self.limits)
         self.bwrap_pid = self.init_pid = None
@@ -327,9 +338,7 @@ async def serve(sock: socket.socket, sup: Supervisor) -> None:
     server = await asyncio.start_server(forwarder.handler(fwd["unix"]), sock=listen_in(netns, fwd["port"])) \
         if fwd else None
     linux.setns(os.open(f"/proc/{sup.init_pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC), linux.CLONE_NEWPID)
-    send({"op": "ready", "init": sup.init_pid, "slot": sup.slot, "uid_base": sup.uids.base,
-          "unenforced": sup.cgroup.unenforced,
-          "unenforced_message": unenforced_message(sup.cgroup.unenforced) if sup.cgroup.unenforced else ""})
+    send({"op": "ready", "init": sup.init_pid, "uid_base": sup.uids.base, "unenforced": sup.cgroup.unenforced})
     on_child()
     await stopped
     loop.remove_reader(sock.fileno())
@@ -346,7 +355,7 @@ def supervise(sock: socket.socket) -> int:
         os.dup2(fd, 2)
         os.close(fd)
     try:
-        sup = Supervisor(sock, cfg)
+        sup = Supervisor(cfg)
     except Exception as e:  # noqa: BLE001
         sock.send(json.dumps({"op": "error", "error": f"{type(e).__name__}: {e}"}).encode())
         return 1
@@ -367,6 +376,10 @@ def serve_forks(server: socket.socket) -> int:
     """The fork server: one per owner process, it forks a supervisor per sandbox (a fork of a warm
     interpreter, not a Python start and its imports per sandbox). Ends when its owner does."""
     linux.set_name(FORK_SERVER_NAME)
+    try:
+        sandbox_filter()
+    except RuntimeError:
+        pass        # python3-seccomp missing: each supervisor says so to its owner
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)       # its children are the owner's business: no zombies
     while True:
         try:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from agentrl.cli import main
-from agentrl.swe import harbor
+from agentrl.swe import task_tree
 from agentrl.swe.check import load_record, materialize
-from agentrl.swe.harbor import BUNDLED_TASKS, HarborTaskError, TaskTree, convert_task, render_jsonl
+from agentrl.swe.harbor import BUNDLED_TASKS, convert_task, render_jsonl
 from agentrl.swe.task import (
     MAX_FILE_BYTES,
     TaskSpecError,
@@ -22,6 +22,7 @@ from agentrl.swe.task import (
     load_task_spec,
     payload_path_problem,
 )
+from agentrl.swe.task_tree import HarborTaskError, TaskTree
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -221,7 +222,7 @@ def test_a_file_exactly_at_the_limit_is_read(tmp_path):
 
 
 def test_the_total_per_task_is_limited(tmp_path, monkeypatch):
-    monkeypatch.setattr(harbor, "MAX_TASK_BYTES", 1000)
+    monkeypatch.setattr(task_tree, "MAX_TASK_BYTES", 1000)
     t = make_task(tmp_path)
     (t / "tests" / "a.bin").write_bytes(b"a" * 600)
     (t / "tests" / "b.bin").write_bytes(b"b" * 600)

@@ -99,11 +99,24 @@ def _fake_builders(monkeypatch):
     def make_tokenizer(out_dir, *, vocab_size):
         (out_dir / "tokenizer.json").write_text(str(vocab_size))
 
-    def make_model(out_dir, *, seed):
-        (out_dir / "model.safetensors").write_text(str(seed))
+    def make_model(out_dir, *, seed, hidden_size, layers):
+        (out_dir / "model.safetensors").write_text(f"{seed} {hidden_size} {layers}")
 
     monkeypatch.setattr(tiny, "make_tokenizer", make_tokenizer)
     monkeypatch.setattr(tiny, "make_model", make_model)
+
+
+def test_a_shape_other_than_the_default_is_a_different_model(tmp_path, monkeypatch):
+    _fake_builders(monkeypatch)
+    default = tiny.make_tiny_model(tmp_path / "a", seed=1)
+    assert "hidden_size" not in json.loads((default / tiny.MARKER).read_text())   # older caches still match
+    wide = tiny.make_tiny_model(tmp_path / "b", seed=1, hidden_size=128, layers=4)
+    assert json.loads((wide / tiny.MARKER).read_text())["hidden_size"] == 128
+    assert (wide / "model.safetensors").read_text() == "1 128 4"
+    with pytest.raises(ValueError, match="holds a tiny model"):
+        tiny.make_tiny_model(tmp_path / "b", seed=1)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        tiny.make_tiny_model(tmp_path / "c", hidden_size=100)
 
 
 def test_build_is_idempotent_and_leaves_no_staging(tmp_path, monkeypatch):
@@ -139,7 +152,7 @@ def test_build_refuses_foreign_or_different_directories(tmp_path, monkeypatch):
 def test_failed_build_leaves_nothing(tmp_path, monkeypatch):
     _fake_builders(monkeypatch)
 
-    def broken(out_dir, *, seed):
+    def broken(out_dir, **_):
         raise RuntimeError("out of disk")
 
     monkeypatch.setattr(tiny, "make_model", broken)

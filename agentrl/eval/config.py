@@ -24,10 +24,15 @@ class EvalConfig(BaseModel):
     temperature: float = Field(default=1.0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     seed: int = Field(default=0, ge=0)            # with the CPU engine, the same seed gives the same results
-    engine: Literal["cpu", "sglang"] = "cpu"
+    # "teacher": the scripted teacher of the pyfix-hint family (agentrl/swe/teacher.py) on the model's
+    # tokenizer, to record demonstrations for `agentrl sft` (with save_samples)
+    engine: Literal["cpu", "sglang", "teacher"] = "cpu"
+    teacher_accuracy: float = Field(default=0.5, ge=0, le=1)
+    save_samples: bool = False                    # each attempt's samples as a shard in <out>/samples/
     sglang: dict[str, Any] = Field(default_factory=dict)    # SGLangConfig fields (hpc/inference/sglang.py)
     max_tries: int = Field(default=3, gt=0)       # per attempt, for infrastructure failures
     poll_s: float = Field(default=10.0, gt=0)     # --watch: how often to look for new checkpoints
+    every: int = Field(default=1, gt=0)           # --watch: score iter_<n> when n is a multiple of this
     # sandboxes, harness and agent, as the pool has them; eval's prompt style is its own
     pool: PoolConfig = Field(default_factory=PoolConfig)
 

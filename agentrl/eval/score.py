@@ -7,6 +7,8 @@
                                    and seed give the same file
     eval/iter_<n>/summary.json     pass@1, pass@k, empty patches, infra failures, timings, the config;
                                    written last: an iteration with it is scored
+    eval/iter_<n>/samples/         with save_samples: each committed attempt's samples as a buffer
+                                   shard, for `agentrl sft` (the teacher's demonstrations, say)
 
 The model is served for the duration by an inference server on the checkpoint's HF export (the CPU
 stand-in, or SGLang on a GPU node) and an adapter of the evaluator's own, on an ephemeral port and a
@@ -29,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from hpc.buffer import write_shard
 from hpc.fsio import write_atomic, write_new
 from hpc.ledger import Claim, Ledger, StaleGeneration
 
@@ -53,10 +56,17 @@ def attempt_seed(seed: int, task: str, attempt: int) -> int:
 @contextmanager
 def model_server(cfg: EvalConfig, model_dir: Path, iteration: int, logs: Path):
     """An inference server on the checkpoint for the duration; its URL."""
-    if cfg.engine == "cpu":
+    if cfg.engine in ("cpu", "teacher"):
         from hpc.inference.cpu_server import Engine, ServerThread
 
-        with ServerThread(Engine(model_dir, weight_version=str(iteration), random_seed=cfg.seed)) as server:
+        if cfg.engine == "teacher":
+            from ..swe.teacher import TeacherEngine
+
+            engine = TeacherEngine(model_dir, accuracy=cfg.teacher_accuracy, seed=cfg.seed,
+                                   weight_version=str(iteration))
+        else:
+            engine = Engine(model_dir, weight_version=str(iteration), random_seed=cfg.seed)
+        with ServerThread(engine) as server:
             yield server.url
         return
     from hpc.inference.sglang import ServerProcess, SGLangConfig, launch_command
@@ -170,10 +180,15 @@ class CheckpointEval:
                   **{k: md.get(k) for k in RESULT_KEYS[3:]}, "timings": outcome.timings}
         ref = f"attempts/{claim.group}-{claim.attempt}-{claim.try_index}.json"
         await asyncio.to_thread(write_new, self.out / ref, json.dumps(result).encode())
+        shard = None
+        if self.cfg.save_samples:
+            shard = self.out / "samples" / await asyncio.to_thread(write_shard, self.out / "samples", claim,
+                                                                   outcome.samples)
         try:
             await asyncio.to_thread(ledger.commit, claim, ref)
-        except StaleGeneration:
-            pass
+        except StaleGeneration:   # another evaluator's try of this attempt is the one that counts
+            if shard is not None:
+                shard.unlink(missing_ok=True)
         log.info("%s attempt %d: reward %g", name, claim.attempt, outcome.reward)
 
     async def _heartbeat(self, ledger: Ledger, claim: Claim) -> None:

@@ -33,8 +33,9 @@ def complete_checkpoints(run: RunLayout) -> list[int]:
     return sorted(found)
 
 
-def pending(run: RunLayout) -> list[int]:
-    return [n for n in complete_checkpoints(run) if not (run.eval_dir(n) / "summary.json").exists()]
+def pending(run: RunLayout, every: int = 1) -> list[int]:
+    return [n for n in complete_checkpoints(run)
+            if n % every == 0 and not (run.eval_dir(n) / "summary.json").exists()]
 
 
 async def watch(run: RunLayout, cfg: EvalConfig, tasks: Sequence[LoadedTask], *, stop: asyncio.Event,
@@ -42,7 +43,7 @@ async def watch(run: RunLayout, cfg: EvalConfig, tasks: Sequence[LoadedTask], *,
     """Score new checkpoints until `stop` (or `until(run)` is true with nothing left); the iterations scored."""
     scored = []
     while not stop.is_set():
-        todo = pending(run)
+        todo = pending(run, cfg.every)
         for n in todo:
             if stop.is_set():
                 break

@@ -94,8 +94,13 @@ def make_tokenizer(out_dir: Path, *, vocab_size: int = 4000) -> None:
     tokenizer.save_pretrained(str(out_dir))
 
 
-def make_model(out_dir: Path, *, seed: int = 0) -> None:
-    """Write random Qwen2 weights and config.json beside the tokenizer that out_dir already holds."""
+DEFAULT_SHAPE = {"hidden_size": 64, "layers": 2}
+
+
+def make_model(out_dir: Path, *, seed: int = 0, hidden_size: int = 64, layers: int = 2) -> None:
+    """Write random Qwen2 weights and config.json beside the tokenizer that out_dir already holds.
+
+    Heads are 16 wide, two query heads share a key-value head, and the MLP is twice the width."""
     import torch
     from tokenizers import Tokenizer
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -103,7 +108,8 @@ def make_model(out_dir: Path, *, seed: int = 0) -> None:
     tokenizer = Tokenizer.from_file(str(Path(out_dir) / "tokenizer.json"))
     config = Qwen2Config(
         vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=layers,
+        num_attention_heads=hidden_size // 16, num_key_value_heads=max(1, hidden_size // 32),
         max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=True,
         bos_token_id=None, eos_token_id=tokenizer.token_to_id(EOS_TOKEN), pad_token_id=tokenizer.token_to_id(PAD_TOKEN),
     )
@@ -113,10 +119,16 @@ def make_model(out_dir: Path, *, seed: int = 0) -> None:
     model.save_pretrained(str(out_dir), safe_serialization=True)
 
 
-def make_tiny_model(out_dir: Path, *, vocab_size: int = 4000, seed: int = 0, weights: bool = True) -> Path:
+def make_tiny_model(out_dir: Path, *, vocab_size: int = 4000, seed: int = 0, weights: bool = True,
+                    hidden_size: int = 64, layers: int = 2) -> Path:
     """Build the tiny model into out_dir atomically; a no-op when out_dir already holds the same one."""
     out_dir = Path(out_dir)
-    params = _params(vocab_size=vocab_size, seed=seed, weights=weights)
+    if hidden_size < 16 or hidden_size % 32 or layers < 1:
+        raise ValueError(f"hidden_size must be a multiple of 32 and layers at least 1, got {hidden_size} and {layers}")
+    shape = {"hidden_size": hidden_size, "layers": layers}
+    # The default shape stays out of the marker, so models built before the shape was an option still match.
+    params = _params(vocab_size=vocab_size, seed=seed, weights=weights,
+                     **({} if shape == DEFAULT_SHAPE else shape))
     if _holds(out_dir, params):
         return out_dir
     if out_dir.exists() and not _is_empty_dir(out_dir):
@@ -128,7 +140,7 @@ def make_tiny_model(out_dir: Path, *, vocab_size: int = 4000, seed: int = 0, wei
     try:
         make_tokenizer(staging, vocab_size=vocab_size)
         if weights:
-            make_model(staging, seed=seed)
+            make_model(staging, seed=seed, **shape)
         (staging / MARKER).write_text(json.dumps(params, indent=2, sort_keys=True) + "\n")
         staging.chmod(0o755)  # mkdtemp's 0700 would hide the model from the other users of a shared filesystem
         try:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from . import pyfix
+from . import pyfix, pyfix_hint
 from .base import Draft, GenerationError
 
 FAMILIES: dict[str, Callable[[random.Random], Draft]] = {
     "pyfix": pyfix.draw,
+    "pyfix-hint": pyfix_hint.draw,
 }
 
 __all__ = ["FAMILIES", "Draft", "GenerationError"]

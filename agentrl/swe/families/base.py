@@ -28,3 +28,6 @@ class Draft:
     pass_to_pass: tuple[str, ...]  # the repository's tests included
     description: str
     metadata: dict[str, str] = field(default_factory=dict)   # into task.toml's [metadata]
+    # The bug as one replacement in `fixed`: (the text the fix restores, the bug's text). The family's
+    # own knowledge, never written into the task; a family that gives hints builds them from it.
+    edit: tuple[str, str] | None = None

@@ -124,6 +124,7 @@ def build(spec: Spec, bug: Bug, fn: str, pkg: str, mod: str) -> Draft:
         pass_to_pass=tuple(p2p),
         description=f"{bug.kind} bug in {fn} ({path})",
         metadata={"template": spec.template, "bug_kind": bug.kind, "function": f"{pkg}.{mod}.{fn}"},
+        edit=(old, new),
     )
 
 

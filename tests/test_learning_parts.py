@@ -1,0 +1,67 @@
+"""The pure parts of the learning demonstration: the control's reward shuffle, intervals, the report.
+
+The shuffle keeps each group's rewards and moves them between its attempts; pass@1's interval is
+resampled by task and holds the estimate; a paired difference sees a gain an unpaired one would
+blur; `agentrl report --control` sets the run beside its control.
+"""
+
+import numpy as np
+import pytest
+
+from agentrl.eval.stats import paired_difference, pass_at_1
+from agentrl.train.batch import rollout_batch, shuffle_rewards
+from hpc.buffer import Sample
+
+
+def sample(group: int, attempt: int, reward: float) -> Sample:
+    return Sample(tokens=np.arange(6, dtype=np.int32), response_length=3, loss_mask=np.ones(3, np.uint8),
+                  rollout_log_probs=np.zeros(3, np.float32), reward=reward, status="completed",
+                  group_index=group, attempt=attempt, metadata={})
+
+
+def test_shuffled_rewards_stay_in_their_group_and_move_between_its_attempts():
+    groups = {g: [sample(g, a, float(a < 2 + g)) for a in range(8)] + [sample(g, 0, float(2 + g > 0))]
+              for g in range(4)}     # attempt 0 fanned out into two samples
+    moved = 0
+    for seed in ("0/0", "0/1", "1/0"):
+        dealt = shuffle_rewards(groups, seed)
+        assert dealt == shuffle_rewards(groups, seed)                       # a pure function of the seed
+        for g, samples in dealt.items():
+            assert sorted(s.reward for s in samples if s is not samples[-1]) == \
+                   sorted(s.reward for s in groups[g][:-1])                  # the group's rewards, dealt again
+            assert samples[0].reward == samples[-1].reward                  # an attempt keeps one reward
+            moved += sum(a.reward != b.reward for a, b in zip(samples, groups[g], strict=True))
+        rollout_batch(dealt)                                                 # still valid training data
+    assert moved > 0
+
+
+def results(rates: dict[str, list[int]]) -> list[dict]:
+    return [{"task": t, "attempt": i, "reward": float(r)} for t, rs in rates.items() for i, r in enumerate(rs)]
+
+
+def test_pass_at_1_interval_is_resampled_by_task_and_holds_the_estimate():
+    rng = np.random.default_rng(0)
+    data = results({f"t{i}": list(rng.integers(0, 2, 2)) for i in range(60)})
+    e = pass_at_1(data, seed=1)
+    assert e.low < e.value < e.high and e.attempts == 120 and e.tasks == 60
+    assert pass_at_1(data, seed=1) == e
+    # attempts that agree within a task carry less information: the same mean, a wider interval
+    agreeing = results({f"t{i}": [i % 2] * 2 for i in range(60)})
+    split = results({f"t{i}": [0, 1] for i in range(60)})
+    a, b = pass_at_1(agreeing), pass_at_1(split)
+    assert a.value == b.value == 0.5 and (a.high - a.low) > 3 * (b.high - b.low)
+    with pytest.raises(ValueError):
+        pass_at_1([])
+
+
+def test_a_paired_difference_sees_a_gain_an_interval_per_side_would_not():
+    rng = np.random.default_rng(2)
+    hard = {f"t{i}": rng.random() for i in range(50)}            # tasks differ a lot in difficulty
+    before = results({t: [int(p > 0.6)] * 2 for t, p in hard.items()})
+    after = results({t: [int(p > 0.45)] * 2 for t, p in hard.items()})   # every task a little easier
+    d = paired_difference(after, before)
+    a, b = pass_at_1(after), pass_at_1(before)
+    assert d.low > 0 and a.low < b.high                            # the per-side intervals overlap
+    assert d.value == pytest.approx(a.value - b.value)
+    with pytest.raises(ValueError, match="share no task"):
+        paired_difference(after, results({"other": [1]}))

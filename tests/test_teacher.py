@@ -1,0 +1,91 @@
+"""The pyfix-hint family and its scripted teacher: demonstrations recorded through the real loop.
+
+Pure: every hint is one literal sed that turns the buggy file into the fixed one; the teacher's
+turns and its mistakes. Real: `agentrl eval` with `engine: teacher` runs the builtin agent in bwrap
+sandboxes against the teacher through the adapter, grades each attempt with the task's tests, and
+saves token-exact samples that `agentrl sft` reads; the right plan passes, each mistake fails.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentrl.eval.score import attempt_seed
+from agentrl.swe import generate as gen
+from agentrl.swe.families import pyfix_hint
+from agentrl.swe.teacher import FIX, MISTAKES, READ, Teacher, plan
+from agentrl.train.sft import load_samples
+
+pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_hint_is_a_literal_sed_that_makes_the_fix(tmp_path):
+    for _, d in gen.drafts("pyfix-hint", "train", 3, 40):
+        hint = pyfix_hint.hint_of(d)
+        assert hint is not None and d.instruction.endswith(
+            pyfix_hint.HINT.format(line=hint.line, path=hint.path, bad=hint.bad, good=hint.good, sed=hint.sed()))
+        (tmp_path / hint.path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / hint.path).write_bytes(d.repo[hint.path])
+        subprocess.run(["sh", "-c", hint.sed()], cwd=tmp_path, check=True)
+        assert (tmp_path / hint.path).read_bytes() == d.fixed[hint.path], d.instruction
+
+
+def test_a_draw_without_a_one_line_bug_is_drawn_again_from_the_same_stream():
+    kinds = {d.metadata["bug_kind"] for _, d in gen.drafts("pyfix-hint", "heldout", 0, 60)}
+    assert "edge-case" not in kinds and len(kinds) >= 3      # edge-case bugs delete lines: never a hint
+    assert [d.key for _, d in gen.drafts("pyfix-hint", "train", 1, 5)] == \
+           [d.key for _, d in gen.drafts("pyfix-hint", "train", 1, 5)]
+
+
+def test_the_teacher_is_right_at_its_accuracy_and_consistent_across_turns():
+    teacher = Teacher(0.3, seed=4)
+    picks = [teacher.mistake(s) for s in range(4000)]
+    assert abs(picks.count(None) / 4000 - 0.3) < 0.03
+    assert {m for m in picks if m} == set(MISTAKES)
+    prompt = "<|im_start|>user\nRead PROBLEM_STATEMENT.md<|im_end|>\n<|im_start|>assistant\n"
+    for seed in range(20):
+        turns = plan(teacher.mistake(seed))
+        assert teacher.reply(prompt, seed) == turns[0]
+        assert teacher.reply(prompt + "x<|im_end|>\n<|im_start|>assistant\n", seed) == turns[1]
+    with pytest.raises(ValueError, match="accuracy"):
+        Teacher(1.5)
+
+
+def test_only_the_right_plan_runs_the_fix():
+    commands = {m: [t["tool_calls"][0]["function"]["arguments"]["command"] for t in plan(m) if "tool_calls" in t]
+                for m in (None, *MISTAKES)}
+    assert commands[None][:2] == [READ, FIX]
+    assert all(FIX not in c for m in MISTAKES for c in commands[m])
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0,
+                    reason="needs bubblewrap (make sysdeps) and root for overlay mounts")
+def test_teacher_demonstrations_through_the_real_loop_are_graded_and_saved(tiny_model, tmp_path):
+    tasks = tmp_path / "tasks"
+    gen.generate("pyfix-hint", "train", 7, 6, tasks)
+    pool = {"harness": "builtin", "prompt_style": "instruction", "max_agents": 2, "max_booting": 2,
+            "max_new_tokens": 96, "max_context": 4096, "lease_s": 30, "tools_dir": str(tmp_path / "tools")}
+    cfg = tmp_path / "teach.yaml"
+    cfg.write_text(yaml.safe_dump({"eval": {"tasks": str(tasks), "n_samples": 2, "seed": 3, "engine": "teacher",
+                                            "teacher_accuracy": 0.5, "save_samples": True, "pool": pool}}))
+    out = tmp_path / "teacher"
+    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "eval", str(tiny_model), "--config", str(cfg),
+                        "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    teacher = Teacher(0.5, seed=3)
+    for res in results:
+        right = teacher.mistake(attempt_seed(3, res["task"], res["attempt"])) is None
+        assert res["reward"] == (1.0 if right else 0.0), res
+    assert 0 < sum(res["reward"] for res in results) < len(results)
+    samples = load_samples([out / "samples"])
+    assert len(samples) == len(results) == 12
+    assert sorted(s.reward for s in samples) == sorted(res["reward"] for res in results)
+    assert all(s.loss_mask.sum() > 30 and s.loss_mask.sum() < len(s.tokens) / 3 for s in samples)

@@ -216,3 +216,19 @@ def test_the_command_runs_headless_and_leaves_the_run_untouched(run_dir, tmp_pat
     assert r.stdout.strip() == str(out / "report.md")
     assert_pngs_match_report(out)
     assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")} == before
+
+
+def test_a_control_run_is_set_beside_the_run(run_dir, tmp_path):
+    control = RunLayout.create(tmp_path / "control", {**CONFIG, "train": {**CONFIG["train"],
+                                                                          "control": "shuffle_rewards"}},
+                               run_id="report-control")
+    control.metrics_path.write_text("\n".join(json.dumps(train_line(r, reward_mean=0.05)) for r in range(2)) + "\n")
+    control.eval_dir(2).mkdir(parents=True)
+    (control.eval_dir(2) / "summary.json").write_text(json.dumps({"iteration": 2, "pass@1": 0.11, "k": 4,
+                                                                  "pass@k": 0.2, "attempts": 40}))
+    assert main([str(run_dir), "--control", str(control.root), "--out", str(tmp_path / "out")]) == 0
+    report = assert_pngs_match_report(tmp_path / "out")
+    assert "## Against the control" in report and "control.png" in report
+    row = next(line for line in report.splitlines() if line.startswith("| iter_2 "))
+    assert [c.strip() for c in row.strip("|").split("|")][:5] == ["iter_2", "0.4", "0.11", "0.125", "0.05"]
+    assert main([str(run_dir), "--control", str(tmp_path / "nowhere")]) == 2

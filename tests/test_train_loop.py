@@ -250,3 +250,14 @@ def test_metrics_also_go_to_an_offline_wandb_run(tiny_model, prompts, tmp_path):
     logged = data.read_bytes()
     for key in (b"reward_mean", b"train/loss", b"pass@2", b"rollout_batch_size"):
         assert key in logged, key
+
+
+def test_the_control_trains_on_shuffled_rewards_and_reports_the_true_ones(tiny_model, prompts, tmp_path):
+    real, control = tmp_path / "real", tmp_path / "control"
+    run_trainer(real, config(tiny_model, prompts, num_rollouts=2, global_batch_size=3))
+    run_trainer(control, config(tiny_model, prompts, num_rollouts=2, global_batch_size=3, control="shuffle_rewards"))
+    a, b = metrics(real), metrics(control)
+    assert [m["reward_mean"] for m in a] == [m["reward_mean"] for m in b]     # the same rollouts, true rewards
+    assert [m["fingerprint"] for m in a] != [m["fingerprint"] for m in b]     # trained on other advantages
+    with pytest.raises(TrainConfigError, match="control"):
+        config(tiny_model, prompts, control="flip_rewards")

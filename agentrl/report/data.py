@@ -212,6 +212,23 @@ def eval_plot(summaries: list[dict[str, Any]]) -> Plot:
                 NO_EVALS, xlabel="checkpoint (rollouts trained)")
 
 
+def control_plot(run: RunData, control: RunData) -> Plot:
+    """The run beside its control (the same run, rewards shuffled): training reward and eval pass@1."""
+    def rewards(r: RunData) -> dict[str, Series]:
+        return collect(r.metrics.records if r.metrics else [], ["reward_mean"])
+
+    def passes(r: RunData) -> Series:
+        points = sorted((s["iteration"], float(s["pass@1"])) for s in r.evals if is_number(s.get("pass@1")))
+        return [x for x, _ in points], [y for _, y in points]
+
+    reward = {f"{name}: reward_mean": xy for name, r in (("run", run), ("control", control))
+              for xy in rewards(r).values()}
+    evals = {f"{name}: pass@1": passes(r) for name, r in (("run", run), ("control", control)) if passes(r)[0]}
+    return Plot("control", "Against the control (rewards shuffled within each group)",
+                tuple(p for p in (Panel("training reward", reward), Panel("eval pass@1", evals)) if p.series),
+                "checkpoint / rollout", None if reward or evals else "neither run has metrics or evals yet")
+
+
 def read_eval_summaries(eval_root: Path) -> tuple[list[dict[str, Any]], list[str]]:
     """The readable summaries by iteration (each with `iteration`), and what was wrong with the others."""
     summaries, problems = [], []

@@ -1,9 +1,11 @@
-"""`agentrl report RUN [--out DIR]`: a run's progress as DIR/report.md beside its PNG plots.
+"""`agentrl report RUN [--out DIR] [--control RUN2]`: a run's progress as DIR/report.md beside its PNG plots.
 
 Reads RUN/run.yaml, RUN/metrics.jsonl (the trainer's line per rollout), RUN/eval/iter_<n>/summary.json
 and RUN/checkpoints/latest, and changes none of them; DIR defaults to RUN. Run it again at any time:
 it rewrites the report from what the run holds now. Lines and files it cannot use are counted in the
 report, and plots without data are listed with the reason. Exit 2: RUN is not a run directory.
+With --control, the report also sets RUN beside RUN2, the same run with its learning signal removed
+(`train.control: shuffle_rewards`): both training rewards and both eval curves, and a table of them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .data import (
     Plot,
     RunData,
     config_summary,
+    control_plot,
     eval_pass_at_k,
     eval_plot,
     is_number,
@@ -41,7 +44,7 @@ def report_plots(run: RunData) -> list[Plot]:
     return plots
 
 
-def write_report(run_dir: Path | str, out_dir: Path | str | None = None) -> Path:
+def write_report(run_dir: Path | str, out_dir: Path | str | None = None, control: Path | str | None = None) -> Path:
     """Write report.md and its PNGs into out_dir (default: the run directory); return report.md's path.
 
     Raises RunDirError or RecordError when run_dir is not a readable run directory.
@@ -50,9 +53,12 @@ def write_report(run_dir: Path | str, out_dir: Path | str | None = None) -> Path
     from .plots import draw, save
 
     run = read_run(run_dir)
+    against = read_run(control) if control is not None else None
     out = Path(out_dir) if out_dir is not None else run.root
     out.mkdir(parents=True, exist_ok=True)
     plots = report_plots(run)
+    if against is not None:
+        plots.insert(0, control_plot(run, against))
     for plot in plots:
         png = out / f"{plot.name}.png"
         if plot.skipped:
@@ -60,16 +66,19 @@ def write_report(run_dir: Path | str, out_dir: Path | str | None = None) -> Path
         else:
             save(draw(plot), png)
     path = out / REPORT_NAME
-    write_atomic(path, render_markdown(run, plots).encode())
+    write_atomic(path, render_markdown(run, plots, against).encode())
     return path
 
 
 # ---------------------------------------------------------------- markdown (pure)
 
 
-def render_markdown(run: RunData, plots: list[Plot]) -> str:
+def render_markdown(run: RunData, plots: list[Plot], control: RunData | None = None) -> str:
     records = run.metrics.records if run.metrics else []
     lines = [f"# Run report: {run.run_id}", "", *_header(run), ""]
+    if control is not None:
+        lines += ["## Against the control", "", f"The control: `{control.root}`, the same run with the rewards "
+                  "shuffled within each group.", "", *_control_table(run, control), ""]
     notes = _notes(run)
     if notes:
         lines += ["## Could not be used", "", *(f"- {n}" for n in notes), ""]
@@ -139,6 +148,22 @@ def _eval_table(run: RunData) -> list[str]:
     return _table(header, rows)
 
 
+def _control_table(run: RunData, control: RunData) -> list[str]:
+    def by_iter(r: RunData) -> dict[int, dict[str, Any]]:
+        return {s["iteration"]: s for s in r.evals}
+
+    def reward(r: RunData) -> dict[int, Any]:   # the rollouts that checkpoint n trained on are 0..n-1
+        return {rec["rollout"] + 1: rec.get("reward_mean") for rec in (r.metrics.records if r.metrics else [])}
+
+    ours, theirs, ours_r, theirs_r = by_iter(run), by_iter(control), reward(run), reward(control)
+    rows = [[f"iter_{n}", _fmt(ours.get(n, {}).get("pass@1")), _fmt(theirs.get(n, {}).get("pass@1")),
+             _fmt(ours_r.get(n)), _fmt(theirs_r.get(n))] for n in sorted(ours.keys() | theirs.keys())]
+    if not rows:
+        return [f"_{NO_EVALS.capitalize()} in either run._"]
+    return _table(["checkpoint", "eval pass@1", "control eval pass@1", "reward (last rollout)",
+                   "control reward (last rollout)"], rows)
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     def row(cells: list[str]) -> str:
         return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
@@ -167,11 +192,13 @@ def _utc(timestamp: float) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path, metavar="RUN", help="the run directory")
     p.add_argument("--out", type=Path, metavar="DIR", help="where report.md and its PNGs go (default: RUN)")
+    p.add_argument("--control", type=Path, metavar="RUN2",
+                   help="the same run with train.control: shuffle_rewards, to set beside RUN")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        path = write_report(args.run_dir, args.out)
+        path = write_report(args.run_dir, args.out, args.control)
     except (RunDirError, RecordError) as e:
         print(f"agentrl report: {e}", file=sys.stderr)
         return 2

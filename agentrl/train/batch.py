@@ -6,8 +6,9 @@ per-attempt token counts without talking; each then trains only its own micro-ba
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -47,6 +48,24 @@ def rollout_batch(groups: Mapping[int, Sequence[Sample]], *, std_normalize: bool
     adv = grpo_advantages([s.reward for s in samples], [s.group_index for s in samples],
                           [s.attempt for s in samples], std_normalize=std_normalize)
     return RolloutBatch(samples, adv, attempt)
+
+
+def shuffle_rewards(groups: Mapping[int, Sequence[Sample]], seed: str) -> dict[int, list[Sample]]:
+    """The control run's rollout: in each group the attempts' rewards are dealt out again at random.
+
+    Everything but which attempt got which reward stays: the groups, their reward mean and spread,
+    the compute. So a control run's policy moves as much as the real run's but the verifier no longer
+    says which attempt was right, and what it learns is what the reward did not teach. A pure function
+    of the groups and `seed` (the run's seed and the rollout), so a resumed run deals the same way.
+    """
+    out = {}
+    for g, samples in groups.items():
+        attempts = sorted({s.attempt: s.reward for s in samples}.items())
+        rewards = [r for _, r in attempts]
+        random.Random(f"{seed}/{g}").shuffle(rewards)
+        dealt = {a: r for (a, _), r in zip(attempts, rewards, strict=True)}
+        out[g] = [replace(s, reward=dealt[s.attempt]) for s in samples]
+    return out
 
 
 def plan_steps(batch: RolloutBatch, *, global_batch_size: int | None, max_tokens_per_gpu: int, dp_size: int,

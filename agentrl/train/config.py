@@ -55,6 +55,9 @@ class TrainConfig(BaseModel):
     kl_coef: float = Field(default=0.0, ge=0)
     tis_cap: float | None = Field(default=None, gt=0)    # recompute old logprobs; weigh by the sampler's
     std_normalize: bool = True
+    # "shuffle_rewards": the control run, each group's rewards dealt to its attempts at random before the
+    # advantages (agentrl/train/batch.py: shuffle_rewards); same compute, the learning signal removed
+    control: Literal["shuffle_rewards"] | None = None
     # SGLang reports log softmax(logits / temperature) of what it sampled (before top-p/top-k), so the
     # trainer's log-probs use the same temperature, or every ratio is off from the first step.
     rollout_temperature: float = Field(default=1.0, gt=0)

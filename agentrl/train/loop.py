@@ -26,7 +26,7 @@ from hpc.runlayout import RunLayout
 
 from ..rollout.metrics import rollout_report
 from ..rollout.source import PromptSource, load_prompt_rows
-from .batch import plan_steps, rollout_batch
+from .batch import plan_steps, rollout_batch, shuffle_rewards
 from .checkpoint import TrainerState, load_latest, save_checkpoint
 from .config import TrainConfig
 from .publish import ColocatedInference, InferenceClient, publish_weights
@@ -152,6 +152,8 @@ class Trainer:
         batch = rollout_batch(groups, std_normalize=cfg.std_normalize)
         report = rollout_report(batch.samples, ks=sorted({1, cfg.n_samples_per_prompt}), rollout_s=timing["rollout_s"],
                                 infra_failures=self.ledger.status(r).failed)
+        if cfg.control == "shuffle_rewards":   # the report above keeps the true rewards
+            batch = rollout_batch(shuffle_rewards(groups, f"{cfg.seed}/{r}"), std_normalize=cfg.std_normalize)
         metrics: dict[str, Any] = {"rollout": r, **report, **timing}
         t1 = self.clock()
         steps = plan_steps(batch, global_batch_size=cfg.global_batch_size, max_tokens_per_gpu=cfg.max_tokens_per_gpu,

@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-unit demo sysdeps venv clis cluster-up cluster-down bench lint clean scripts
+.PHONY: test test-unit demo learn sysdeps venv clis cluster-up cluster-down bench lint clean scripts
 
 test: sysdeps venv cluster-up clis
 	$(BIN)/pytest $(PYTEST_ARGS)
@@ -22,6 +22,12 @@ demo: sysdeps venv
 	$(BIN)/agentrl launch configs/tiny-local.yaml --executor local --run-dir $(DEMO_RUN)
 	$(BIN)/agentrl eval --watch $(DEMO_RUN) --until-done
 	$(BIN)/agentrl report $(DEMO_RUN)
+
+# Does it learn? Tasks, a scripted teacher, the warm start, then GRPO and a control run (rewards shuffled)
+# through the whole loop, each checkpoint scored on held-out tasks (benchmarks/learning_bench.py,
+# docs/learning.md). About an hour on 2 cores; a stage whose output is in .cache/learn is not redone.
+learn: sysdeps venv
+	$(BIN)/python benchmarks/learning_bench.py $(LEARN_ARGS)
 
 # Everything that needs neither root nor Slurm (a cluster login node).
 test-unit: venv

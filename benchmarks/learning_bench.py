@@ -1,0 +1,275 @@
+"""Does the loop learn? A warm start, GRPO through the whole loop, and a control, scored on held-out tasks.
+
+    python benchmarks/learning_bench.py [--seed 0] [--split heldout] [--work .cache/learn]
+                                        [--rollouts 16] [--json]          (make learn)
+
+Every stage is the command a user would run, in order, each skipped when its output is there
+(delete a stage's directory under --work to redo it):
+ 1. model     tools/make_tiny_model.py: the offline tokenizer, a Qwen2 of width 128 and 4 layers (1.1M)
+ 2. tasks     agentrl tasks generate pyfix-hint: --train-tasks train tasks and --eval-tasks of --split
+ 3. teacher   agentrl eval MODEL with eval.engine: teacher, eval.save_samples: the scripted teacher
+              (right half of the time) solves each train task once through the real adapter,
+              sandboxes and grader; its token-exact samples are the demonstrations
+ 4. warm      agentrl sft on every demonstration, right or wrong
+ 5. grpo      agentrl launch WORK/grpo.yaml --executor local: the CPU inference server, the pool
+              (bwrap sandboxes, the builtin agent, the adapter), the ledger and the torch trainer;
+              then agentrl eval --watch scores every --eval-every-th checkpoint on the eval split
+ 6. control   the same run, config and seeds with train.control: shuffle_rewards
+The warm start is scored once, as iter_0 of both runs. One table then shows eval pass@1 of the warm
+start, after GRPO and after the control, each with its attempts and a 95% interval resampled by
+task, the paired differences, and the wall time of each stage; WORK/runs/grpo/report.md has both
+curves and the control (agentrl report --control).
+
+    figure:   held-out pass@1 after GRPO
+    baseline: held-out pass@1 of the warm start, and of the control (the same compute, rewards
+              shuffled within each group: what the policy gains without the verifier's signal)
+Targets on 2 cores: GRPO - warm start >= 25 points within 20 minutes of GRPO; |control - warm| <= 5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from agentrl.eval.stats import paired_difference, pass_at_1, read_results  # noqa: E402
+
+BIN = Path(sys.executable).parent
+PROGRESS_S = 30.0
+
+
+def pool(args: argparse.Namespace) -> dict:
+    """The pool's settings, for training and eval alike (the task in PROBLEM_STATEMENT.md)."""
+    return {"harness": "builtin", "prompt_style": "instruction", "max_agents": 2, "max_booting": 2,
+            "max_context": 4096, "max_new_tokens": 96, "lease_s": 60,
+            **({"tools_dir": str(args.tools_dir)} if args.tools_dir else {})}
+
+
+def last_line(log: Path) -> str:
+    with log.open("rb") as f:
+        f.seek(max(0, log.stat().st_size - 4096))
+        lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+    return lines[-1][:160] if lines else ""
+
+
+def agentrl(*args: str | Path, log: Path, progress: Path | None = None) -> None:
+    """One agentrl command, its output in `log`, and every PROGRESS_S the last line of `progress` (default:
+    that log); a failure stops the bench, naming the log."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        proc = subprocess.Popen([str(BIN / "agentrl"), *map(str, args)], stdout=out, stderr=subprocess.STDOUT,
+                                cwd=ROOT)
+        try:
+            while True:
+                try:
+                    code = proc.wait(PROGRESS_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    shown = progress if progress is not None and progress.exists() else log
+                    print(f"    {last_line(shown)}", flush=True)
+        finally:   # interrupted (^C, a test's timeout): the command goes too, and stops what it started
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    if code:
+        tail = log.read_text(errors="replace").splitlines()[-15:]
+        raise SystemExit(f"learning_bench: `agentrl {' '.join(map(str, args))}` exited {code}; "
+                         f"the end of {log}:\n" + "\n".join(tail))
+
+
+def run_config(args: argparse.Namespace, work: Path, control: bool) -> dict:
+    """The GRPO run (or its control): everything but train.control is the same."""
+    return {
+        "launch": {"name": "agentrl-learn" + ("-control" if control else ""), "time_limit_min": 90,
+                   "partitions": {"cpu": {"nodes": ["cpu1"], "cpus_per_node": 8, "mem_mb": 8000}},
+                   "roles": {
+                       "inference": {"command": ["agentrl", "serve"], "partition": "cpu", "mem_per_task_mb": 2000,
+                                     "restart": {"policy": "restart", "max_restarts": 3, "backoff_s": 2}},
+                       "pool": {"command": ["agentrl", "pool"], "partition": "cpu", "cpus_per_task": 2,
+                                "mem_per_task_mb": 3000,
+                                "restart": {"policy": "restart", "max_restarts": 3, "backoff_s": 2}},
+                       "trainer": {"command": ["agentrl", "train"], "partition": "cpu", "cpus_per_task": 2,
+                                   "mem_per_task_mb": 3000, "restart": {"policy": "fail-run"}}}},
+        "inference": {"engine": "cpu", "model": str(work / "warm"), "port": 30000 + args.seed % 1000},
+        "train": {"model": str(work / "warm"), "prompt_data": str(work / "train.jsonl"),
+                  "num_rollouts": args.rollouts, "rollout_batch_size": args.groups,
+                  "n_samples_per_prompt": args.attempts, "global_batch_size": args.step_attempts,
+                  "lr": args.lr, "max_tokens_per_gpu": 16384, "rollout_timeout_s": 900, "seed": args.seed,
+                  "evals_after_last": False, **({"control": "shuffle_rewards"} if control else {})},
+        "pool": pool(args),
+        # The control is scored at its last checkpoint only: its curve is flat by design, and on 2 cores
+        # each eval costs minutes.
+        "eval": {"tasks": str(work / args.split), "n_samples": args.eval_n, "seed": args.seed,
+                 "every": args.rollouts if control else args.eval_every, "pool": pool(args)},
+    }
+
+
+class Stages:
+    """The bench's stages over one work directory, each skipped when its output is there."""
+
+    def __init__(self, args: argparse.Namespace, work: Path):
+        self.args, self.work, self.logs, self.times = args, work, work / "logs", {}
+
+    def stage(self, name: str, done: Path, *commands, progress: Path | None = None) -> None:
+        if done.exists():
+            print(f"[{name}] done already ({done})", flush=True)
+            return
+        print(f"[{name}] ...", flush=True)
+        t0 = time.monotonic()
+        for command in commands:
+            if callable(command):
+                command()
+            else:
+                agentrl(*command, log=self.logs / f"{name}.log", progress=progress)
+        self.times[name] = round(time.monotonic() - t0, 1)
+        print(f"[{name}] {self.times[name]:.0f} s", flush=True)
+
+    def prepare(self) -> None:
+        """Model, tasks, the teacher's demonstrations and the warm start."""
+        args, work = self.args, self.work
+
+        def tiny_model() -> None:
+            subprocess.check_call([sys.executable, str(ROOT / "tools" / "make_tiny_model.py"), str(work / "base"),
+                                   "--hidden-size", str(args.hidden_size), "--layers", str(args.layers)],
+                                  stdout=subprocess.DEVNULL)
+
+        self.stage("model", work / "base" / "agentrl_tiny.json", tiny_model)
+        self.stage("tasks", work / "train.jsonl",
+                   ("tasks", "generate", "pyfix-hint", "--n", args.train_tasks, "--seed", args.seed, "--split",
+                    "train", "--out", work / "train", "--force"),
+                   ("tasks", "generate", "pyfix-hint", "--n", args.eval_tasks, "--seed", args.seed, "--split",
+                    args.split, "--out", work / args.split, "--force"),
+                   ("convert", "harbor", work / "train", "--out", work / "train.jsonl"))
+        write_yaml(work / "teacher.yaml", {"eval": {
+            "tasks": str(work / "train"), "n_samples": 1, "seed": args.seed, "engine": "teacher",
+            "teacher_accuracy": args.teacher_accuracy, "save_samples": True, "pool": pool(args)}})
+        self.stage("teacher", work / "teacher" / "summary.json",
+                   ("eval", work / "base", "--config", work / "teacher.yaml", "--out", work / "teacher"))
+        self.stage("warm start", work / "warm" / "sft.json",
+                   ("sft", work / "teacher" / "samples", "--model", work / "base", "--out", work / "warm",
+                    "--epochs", args.sft_epochs, "--lr", args.sft_lr, "--max-tokens-per-step", args.sft_step_tokens,
+                    "--seed", args.seed))
+        for name in ("grpo", "control"):
+            write_yaml(work / f"{name}.yaml", run_config(args, work, control=name == "control"))
+
+    def warm_eval(self) -> None:
+        work = self.work
+        self.stage("warm start eval", work / "eval-warm" / "summary.json",
+                   ("eval", work / "warm", "--config", work / "grpo.yaml", "--out", work / "eval-warm"))
+
+    def run(self, name: str, *, evals: bool = True) -> Path:
+        """The GRPO run (or the control) and, with evals, its checkpoints scored; the run directory."""
+        work, run = self.work, self.work / "runs" / name
+
+        def seed_eval() -> None:   # the warm start is every run's iter_0
+            shutil.copytree(work / "eval-warm", run / "eval" / "iter_0", dirs_exist_ok=True)
+
+        self.stage(name, run / "checkpoints" / f"iter_{self.args.rollouts}" / "trainer.json",
+                   ("launch", work / f"{name}.yaml", "--executor", "local", "--run-dir", run),
+                   progress=run / "logs" / "trainer-0.log")     # the trainer says how far the rollout is
+        if evals:
+            self.stage(f"{name} eval", run / "eval" / f"iter_{self.args.rollouts}" / "summary.json",
+                       seed_eval, ("eval", "--watch", run, "--until-done"))
+        return run
+
+
+def write_yaml(path: Path, data: dict) -> None:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def stages(args: argparse.Namespace, work: Path) -> dict[str, float]:
+    s = Stages(args, work)
+    s.prepare()
+    s.warm_eval()
+    s.run("grpo")
+    s.run("control")
+    agentrl("report", work / "runs" / "grpo", "--control", work / "runs" / "control", log=s.logs / "report.log")
+    return s.times
+
+
+def summary(args: argparse.Namespace, work: Path, times: dict[str, float]) -> dict:
+    warm = read_results(work / "eval-warm")
+    grpo = read_results(work / "runs" / "grpo" / "eval" / f"iter_{args.rollouts}")
+    control = read_results(work / "runs" / "control" / "eval" / f"iter_{args.rollouts}")
+    est = {name: pass_at_1(r, seed=args.seed) for name, r in (("warm start", warm), ("GRPO", grpo),
+                                                               ("control", control))}
+    diff = {"GRPO - warm start": paired_difference(grpo, warm, seed=args.seed),
+            "control - warm start": paired_difference(control, warm, seed=args.seed),
+            "GRPO - control": paired_difference(grpo, control, seed=args.seed)}
+    # The run's own account (rollouts, training, checkpoints, publishing), which a skipped stage still has
+    grpo_metrics = [json.loads(line) for line in (work / "runs" / "grpo" / "metrics.jsonl").read_text().splitlines()
+                    if line.strip()]
+    grpo_s = sum(m.get("rollout_s", 0) + m.get("train_s", 0) + m.get("checkpoint_s", 0) + m.get("publish_s", 0)
+                 for m in grpo_metrics if "rollout" in m)
+    gain, drift = diff["GRPO - warm start"].value, diff["control - warm start"].value
+    return {"estimates": est, "differences": diff, "grpo_training_s": round(grpo_s, 1), "stage_s": times,
+            "targets": {"gain >= 25 points": gain >= 0.25, "|control drift| <= 5 points": abs(drift) <= 0.05,
+                        "GRPO within 20 minutes": grpo_s <= 1200}}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="learning_bench.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--seed", type=int, default=0, help="tasks, teacher, warm start, runs and eval (default 0)")
+    p.add_argument("--split", choices=("heldout", "train"), default="heldout",
+                   help="what to score on (default heldout; train scores fresh train-split tasks)")
+    p.add_argument("--work", type=Path, default=ROOT / ".cache" / "learn", help="where everything goes")
+    p.add_argument("--train-tasks", type=int, default=300)
+    p.add_argument("--eval-tasks", type=int, default=80)
+    p.add_argument("--eval-n", type=int, default=2, help="attempts per eval task")
+    p.add_argument("--teacher-accuracy", type=float, default=0.5)
+    p.add_argument("--sft-epochs", type=int, default=4)
+    p.add_argument("--sft-lr", type=float, default=2e-3)
+    p.add_argument("--sft-step-tokens", type=int, default=8192, help="tokens per warm-start step")
+    p.add_argument("--rollouts", type=int, default=16)
+    p.add_argument("--groups", type=int, default=8, help="prompt groups per rollout")
+    p.add_argument("--attempts", type=int, default=8, help="attempts per group")
+    p.add_argument("--step-attempts", type=int, default=16, help="attempts per optimizer step")
+    p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--eval-every", type=int, default=4, help="score every n-th checkpoint")
+    p.add_argument("--hidden-size", type=int, default=128, help="the model's width")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--tools-dir", type=Path, help="where the agent's tools are installed (default: the pool's)")
+    p.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    if args.rollouts % args.eval_every:
+        p.error(f"--rollouts {args.rollouts} must be a multiple of --eval-every {args.eval_every}")
+    work = args.work.resolve() / f"seed{args.seed}-{args.split}"
+    work.mkdir(parents=True, exist_ok=True)
+    out = summary(args, work, stages(args, work))
+    if args.json:
+        print(json.dumps({k: ({n: vars(e) for n, e in v.items()} if k in ("estimates", "differences") else v)
+                          for k, v in out.items()}, indent=1))
+        return 0
+    print(f"\nheld-out ({args.split}) pass@1, %, with 95% intervals resampled by task:")
+    for name, e in out["estimates"].items():
+        print(f"  {name:22s} {e}   {e.attempts} attempts, {e.tasks} tasks")
+    for name, e in out["differences"].items():
+        print(f"  {name:22s} {e}   (paired by task)")
+    print(f"GRPO: {out['grpo_training_s'] / 60:.1f} min of rollouts, training, checkpoints and publishing "
+          f"({args.rollouts} rollouts of {args.groups} x {args.attempts} attempts)")
+    print("stages (s, this invocation): " + ", ".join(f"{k} {v:.0f}" for k, v in out["stage_s"].items()))
+    for target, met in out["targets"].items():
+        print(f"  target {target}: {'met' if met else 'NOT met'}")
+    print(f"report: {work / 'runs' / 'grpo' / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Break the learning signal on purpose and see whether tests/test_learning.py notices.
+
+    python tools/learning_mutations.py [--only NAME,...] [--keep]
+
+Each mutation is one textual change to the code, applied to a copy of this working tree (never to
+the tree itself); the learning test then runs against the copy (PYTHONPATH puts it first, so the
+agentrl commands the test starts import it too). A mutation is caught when the test fails. "none"
+runs the unchanged copy first, which must pass; the stages before GRPO it made are reused by every
+mutant (AGENTRL_LEARNING_WORK). One line per mutation: caught or MISSED, and the preference the
+test measured. Exit 1 when the unchanged copy fails or a mutation is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TEST = "tests/test_learning.py"
+
+# name -> (file, the text as it is, the text broken)
+MUTATIONS: dict[str, tuple[str, str, str]] = {
+    "none": ("agentrl/train/advantages.py", "", ""),
+    "advantage sign flipped": (
+        "agentrl/train/advantages.py",
+        "    advantage = attempt_reward - mean[group_of]\n",
+        "    advantage = mean[group_of] - attempt_reward\n"),
+    "loss mask shifted by one token": (
+        "agentrl/train/tensors.py",
+        '"loss_mask": torch.from_numpy(np.concatenate([s.loss_mask.astype(np.float32) for s in samples])),',
+        '"loss_mask": torch.from_numpy(np.concatenate([np.roll(s.loss_mask, 1).astype(np.float32) '
+        'for s in samples])),'),
+    "rollout log-probs misaligned by one position": (
+        "agentrl/train/tensors.py",
+        '"rollout": torch.from_numpy(np.concatenate([s.rollout_log_probs.astype(np.float32) for s in samples])),',
+        '"rollout": torch.from_numpy(np.concatenate([np.roll(s.rollout_log_probs, 1).astype(np.float32) '
+        'for s in samples])),'),
+    "rewards attached to the wrong attempt": (
+        "agentrl/train/batch.py",
+        "    adv = grpo_advantages([s.reward for s in samples],",
+        "    adv = grpo_advantages(np.roll([s.reward for s in samples], 1),"),
+}
+
+
+def copy_tree(dst: Path) -> None:
+    ignore = shutil.ignore_patterns(".venv", ".cache", "runs", ".git", "__pycache__", ".pytest_cache", "*.egg-info",
+                                    ".agent-clis", ".hypothesis")
+    shutil.copytree(ROOT, dst, ignore=ignore, symlinks=True)
+
+
+def mutate(tree: Path, name: str) -> None:
+    rel, old, new = MUTATIONS[name]
+    if not old:
+        return
+    path = tree / rel
+    text = path.read_text()
+    if text.count(old) != 1:
+        raise SystemExit(f"learning_mutations: {rel} no longer holds the text of {name!r} exactly once: "
+                         f"update MUTATIONS to the code")
+    path.write_text(text.replace(old, new))
+
+
+def run_test(tree: Path, work: Path) -> tuple[bool, str]:
+    env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "AGENTRL_LEARNING_WORK": str(work)}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-s", "-p", "no:cacheprovider", TEST], cwd=tree,
+                       env=env, capture_output=True, text=True)
+    lines = [line for line in (r.stdout + r.stderr).splitlines() if line.strip()]
+    why = next((line for line in reversed(lines) if "preference" in line or "AssertionError" in line), lines[-1])
+    return r.returncode == 0, why.strip()[:200]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="learning_mutations.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", help="comma-separated mutation names (default: all)")
+    p.add_argument("--keep", action="store_true", help="keep the mutated copies (their paths are printed)")
+    args = p.parse_args(argv)
+    names = args.only.split(",") if args.only else list(MUTATIONS)
+    unknown = sorted(set(names) - set(MUTATIONS))
+    if unknown:
+        p.error(f"unknown mutations {unknown}: choose from {list(MUTATIONS)}")
+    failed = False
+    # Everything before GRPO (model, tasks, teacher, warm start, probe) is made once, by the unchanged
+    # copy, and copied to each mutant: no mutation touches it.
+    prepared = Path(tempfile.mkdtemp(prefix="agentrl-learning-"))
+    for name in ["none", *(n for n in names if n != "none")]:
+        tree = Path(tempfile.mkdtemp(prefix="agentrl-mutant-")) / "tree"
+        copy_tree(tree)
+        mutate(tree, name)
+        work = prepared / "unchanged" if name == "none" else prepared / name.replace(" ", "-")
+        if name != "none":
+            shutil.copytree(prepared / "unchanged", work, ignore=shutil.ignore_patterns("runs"))
+        passed, why = run_test(tree, work)
+        if name == "none":
+            verdict = "passes" if passed else "FAILS UNCHANGED"
+            failed |= not passed
+        else:
+            verdict = "MISSED" if passed else "caught"
+            failed |= passed
+        print(f"{name:48s} {verdict:16s} {why}", flush=True)
+        if args.keep:
+            print(f"    {tree}")
+        else:
+            shutil.rmtree(tree.parent, ignore_errors=True)
+    if not args.keep:
+        shutil.rmtree(prepared, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -102,7 +102,7 @@ def run_config(args: argparse.Namespace, work: Path, control: bool) -> dict:
                                 "restart": {"policy": "restart", "max_restarts": 3, "backoff_s": 2}},
                        "trainer": {"command": ["agentrl", "train"], "partition": "cpu", "cpus_per_task": 2,
                                    "mem_per_task_mb": 3000, "restart": {"policy": "fail-run"}}}},
-        "inference": {"engine": "cpu", "model": str(work / "warm"), "port": 30000 + args.seed % 1000},
+        "inference": {"engine": "cpu", "model": str(work / "warm"), "port": 31000 + args.seed % 1000},
         "train": {"model": str(work / "warm"), "prompt_data": str(work / "train.jsonl"),
                   "num_rollouts": args.rollouts, "rollout_batch_size": args.groups,
                   "n_samples_per_prompt": args.attempts, "global_batch_size": args.step_attempts,

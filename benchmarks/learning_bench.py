@@ -14,7 +14,8 @@ Every stage is the command a user would run, in order, each skipped when its out
  5. grpo      agentrl launch WORK/grpo.yaml --executor local: the CPU inference server, the pool
               (bwrap sandboxes, the builtin agent, the adapter), the ledger and the torch trainer;
               then agentrl eval --watch scores every --eval-every-th checkpoint on the eval split
- 6. control   the same run, config and seeds with train.control: shuffle_rewards
+ 6. control   the same run, config and seeds with train.control: shuffle_rewards, scored at its
+              last checkpoint only
 The warm start is scored once, as iter_0 of both runs. One table then shows eval pass@1 of the warm
 start, after GRPO and after the control, each with its attempts and a 95% interval resampled by
 task, the paired differences, and the wall time of each stage; WORK/runs/grpo/report.md has both

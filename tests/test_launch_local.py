@@ -118,7 +118,7 @@ def test_local_three_roles_placement_allreduce_restart_and_finish(local_run):
 def test_local_trainer_failure_fails_the_run(local_run):
     run, proc = local_run
     wait_for(lambda: len(probes(run, "trainer")) == 2, 120, "trainer ranks")
-    (run / "probe" / "fail").write_text("")
+    (run / "probe" / "fail-1").write_text("")   # rank 0, stopped for it, must not hide it
     assert proc.wait(timeout=120) == 3, proc.stdout.read()
     out = agentrl("status", str(run)).stdout
     assert "failed" in out and "trainer exited with 3" in out

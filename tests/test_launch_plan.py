@@ -107,3 +107,34 @@ def test_launch_dry_run_prints_the_script_and_submits_nothing(tmp_path):
     r = subprocess.run([sys.executable, "-m", "agentrl.cli", "launch", str(cfg), "--dry-run"],
                        capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and "roles.pool.gpus_per_task" in r.stderr
+
+
+def _task(index, code, ended, signal=None, restarts=0):
+    from hpc.launch.state import TaskRecord
+    return TaskRecord(role="trainer", index=index, state="exited", restarts=restarts, started=0.0,
+                      ended=ended, exit_code=code, signal=signal)
+
+
+def test_a_distributed_unit_ends_with_the_rank_that_failed_not_the_ranks_stopped_for_it():
+    from hpc.launch.state import unit_exit_code
+    stopped_first = [_task(0, 143, 1.0, "SIGTERM"), _task(1, 3, 2.0)]
+    assert unit_exit_code(stopped_first, "trainer", 0, reported=143) == 3
+    both_failed = [_task(0, 4, 2.0), _task(1, 3, 1.0)]
+    assert unit_exit_code(both_failed, "trainer", 0, reported=4) == 3          # the first in time
+    earlier_start = [_task(0, 143, 1.0, "SIGTERM", restarts=1), _task(1, 3, 0.5, restarts=0)]
+    assert unit_exit_code(earlier_start, "trainer", 1, reported=143) == 143    # not this start's
+    assert unit_exit_code([], "trainer", 0, reported=137) == 137
+
+
+def test_an_sbatch_script_asks_the_records_how_a_distributed_unit_ended(tmp_path):
+    from hpc.launch.state import write_task_record
+    from hpc.runlayout import RunLayout
+    layout = RunLayout.create(tmp_path / "run")
+    for rec in [_task(0, 143, 1.0, "SIGTERM"), _task(1, 3, 2.0)]:
+        write_task_record(layout, rec)
+    out = subprocess.run([sys.executable, "-m", "hpc.launch.state", str(layout.root), "exit-code", "trainer",
+                          "0", "143"], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "3"
+    bad = subprocess.run([sys.executable, "-m", "hpc.launch.state", str(layout.root), "exit-code", "trainer"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "exit-code takes ROLE RESTARTS RC" in bad.stderr

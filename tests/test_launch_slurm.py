@@ -87,7 +87,7 @@ def test_sbatch_trainer_failure_fails_the_run(slurm_env, tmp_path):
     run, jobs = launch(slurm_env, tmp_path, "sbatch")
     try:
         wait_for(lambda: len(probes(run, "trainer")) == 2, 120, "trainer ranks")
-        (run / "probe" / "fail").write_text("")
+        (run / "probe" / "fail-1").write_text("")   # rank 0, stopped for it, must not hide it
         wait_for(lambda: squeue_empty(slurm_env, jobs), 90, "job to end")
         status = agentrl(slurm_env, "status", str(run)).stdout
         assert "run probe-run: failed" in status and "trainer exited with 3" in status, status

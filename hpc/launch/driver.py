@@ -20,7 +20,7 @@ from typing import Literal
 from ..procs import kill_group
 from ..runlayout import RunLayout
 from .plan import Plan, RestartPolicy
-from .state import LaunchRecord, end_run, read_end, read_task_records, write_launch_record
+from .state import LaunchRecord, end_run, read_end, read_task_records, unit_exit_code, write_launch_record
 from .steps import Unit, start_local, start_srun, units
 
 POLL_S = 0.2
@@ -163,6 +163,8 @@ class Driver:
                 rc = r.poll()
                 if rc is None:
                     continue
+                if rc and r.unit.index is None:
+                    rc = unit_exit_code(read_task_records(self.layout), r.unit.role, r.restarts, rc)
                 r.exit_code = rc
                 restart = self.plan.roles[r.unit.role].restart
                 what = f"{r.unit.key} exited with {rc}"

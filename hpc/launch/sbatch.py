@@ -25,6 +25,10 @@ run_unit() {
   while true; do
     "${@//@RESTARTS@/$restarts}"
     rc=$?
+    # srun reports the highest code of its tasks: a rank stopped for another's failure hides it.
+    if ((rc != 0)); then
+      rc=$("$PYTHON" -m hpc.launch.state "$RUN_DIR" exit-code "$name" "$restarts" "$rc" || echo "$rc")
+    fi
     echo "agentrl: $name exited with $rc (restarts so far: $restarts)"
     [[ -e $END_FILE || -e $REQUEUE_FILE ]] && return   # the run is ending or requeueing: no restarts
     case $policy in

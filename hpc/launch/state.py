@@ -120,8 +120,22 @@ def final_state(layout: RunLayout) -> str | None:
     return rec.state if rec is not None and rec.state in ("finished", "failed", "stopped") else None
 
 
+def unit_exit_code(records: list[TaskRecord], role: str, restarts: int, reported: int) -> int:
+    """How a distributed unit (every task of `role`) ended: the exit of its task that failed first
+    on its own, at this restart count; else the code its launcher reported.
+
+    When one rank fails, its launcher (srun --kill-on-bad-exit, or the local driver) stops the
+    others, and srun reports the highest code of all, so a rank we stopped (143) would hide the
+    rank that failed (say 3): the tasks' own records say which came first.
+    """
+    own = [r for r in records if r.role == role and r.restarts == restarts and r.state == "exited"
+           and r.exit_code and r.signal is None and r.ended is not None]
+    return min(own, key=lambda r: r.ended).exit_code if own else reported
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m hpc.launch.state RUN STATE [MESSAGE]`: how an sbatch script records its run's state."""
+    """How an sbatch script records its run's state, `python -m hpc.launch.state RUN STATE [MESSAGE]`,
+    and learns how a distributed unit ended, `... RUN exit-code ROLE RESTARTS RC` (prints the code)."""
     import argparse
     import os
     import time
@@ -130,10 +144,17 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m hpc.launch.state")
     ap.add_argument("run")
-    ap.add_argument("state", choices=["running", "finished", "failed", "stopped", "requeued"])
-    ap.add_argument("message", nargs="?", default="")
+    ap.add_argument("state", choices=["running", "finished", "failed", "stopped", "requeued", "exit-code"])
+    ap.add_argument("message", nargs="*", default=[])
     args = ap.parse_args(argv)
     layout = RunLayout.open(args.run)
+    if args.state == "exit-code":
+        if len(args.message) != 3 or not all(a.lstrip("-").isdigit() for a in args.message[1:]):
+            ap.error("exit-code takes ROLE RESTARTS RC, e.g. `exit-code trainer 0 143`")
+        role, restarts, rc = args.message[0], int(args.message[1]), int(args.message[2])
+        print(unit_exit_code(read_task_records(layout), role, restarts, rc))
+        return 0
+    args.message = " ".join(args.message)
     write_launch_record(layout, LaunchRecord(executor="sbatch", state=args.state,
                                              job_id=SlurmEnv.from_environ().job_id, driver_pid=os.getppid(),
                                              message=args.message, updated=time.time()))

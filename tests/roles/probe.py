@@ -1,8 +1,9 @@
 """A role program for launcher tests: reports what it was given, then behaves like its role.
 
-trainer: all-reduces over gloo with its peers, then waits for RUN/probe/finish (or exits 3 on
-         RUN/probe/fail) and ends the run. SIGUSR2 makes it "checkpoint" (a marker file) and
-         exit; started again with the marker there, it reports that it resumed.
+trainer: all-reduces over gloo with its peers, then waits for RUN/probe/finish and ends the run;
+         rank R exits 3 on RUN/probe/fail-R (the others wait to be stopped). SIGUSR2 makes it
+         "checkpoint" (a marker file) and exit; started again with the marker there, it reports
+         that it resumed.
 others:  run until they are signalled (a SIGUSR2 leaves a marker: they should never get one).
 """
 
@@ -46,7 +47,7 @@ def main() -> int:
         seen.update(rank=env.rank, world_size=env.world_size, allreduce=t.item())
         (out / f"{role}-{index}.json").write_text(json.dumps(seen))
         while not (out / "finish").exists():
-            if (out / "fail").exists():
+            if (out / f"fail-{env.rank}").exists():
                 return 3
             time.sleep(0.1)
         dist.destroy_process_group()

@@ -177,6 +177,14 @@ class Stages:
         def seed_eval() -> None:   # the warm start is every run's iter_0
             shutil.copytree(work / "eval-warm", run / "eval" / "iter_0", dirs_exist_ok=True)
 
+        made = run / "run.yaml"
+        if made.exists():
+            wanted = yaml.safe_load((work / f"{name}.yaml").read_text())["train"]
+            had = yaml.safe_load(made.read_text())["config"].get("train")
+            if had != wanted:
+                changed = sorted(k for k in {*wanted, *(had or {})} if (had or {}).get(k) != wanted.get(k))
+                raise SystemExit(f"learning_bench: {run} was made with another train config (differs in "
+                                 f"{', '.join(changed)}): move it aside, or give another --work")
         self.stage(name, run / "checkpoints" / f"iter_{self.args.rollouts}" / "trainer.json",
                    ("launch", work / f"{name}.yaml", "--executor", "local", "--run-dir", run),
                    progress=run / "logs" / "trainer-0.log")     # the trainer says how far the rollout is

@@ -245,7 +245,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--groups", type=int, default=8, help="prompt groups per rollout")
     p.add_argument("--attempts", type=int, default=8, help="attempts per group")
     p.add_argument("--step-attempts", type=int, default=16, help="attempts per optimizer step")
-    p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--lr", type=float, default=5e-5,
+                   help="GRPO's learning rate (default 5e-5: at 2e-4 the control collapses, docs/learning.md)")
     p.add_argument("--eval-every", type=int, default=4, help="score every n-th checkpoint")
     p.add_argument("--hidden-size", type=int, default=128, help="the model's width")
     p.add_argument("--layers", type=int, default=4)

@@ -1,6 +1,6 @@
 """Break the learning signal on purpose and see whether tests/test_learning.py notices.
 
-    python tools/learning_mutations.py [--only NAME,...] [--keep]
+    python tools/learning_mutations.py [--only NAME,...] [--prepared WORK] [--keep]
 
 Each mutation is one textual change to the code, applied to a copy of this working tree (never to
 the tree itself); the learning test then runs against the copy (PYTHONPATH puts it first, so the
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -71,14 +72,21 @@ def run_test(tree: Path, work: Path) -> tuple[bool, str]:
     r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-s", "-p", "no:cacheprovider", TEST], cwd=tree,
                        env=env, capture_output=True, text=True)
     lines = [line for line in (r.stdout + r.stderr).splitlines() if line.strip()]
-    why = next((line for line in reversed(lines) if "preference" in line or "AssertionError" in line), lines[-1])
-    return r.returncode == 0, why.strip()[:200]
+    # What the test printed (never a traceback's source line, which has the f-string's braces)
+    found = []
+    for pattern in (r"training reward by rollout: \[[^]]*\]", r"preference for passing plans: -?\d.*"):
+        hits = [m.group(0) for m in map(re.compile(pattern).search, lines) if m]
+        found += hits[-1:]
+    return r.returncode == 0, "; ".join(found)[:300] or lines[-1]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="learning_mutations.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--only", help="comma-separated mutation names (default: all)")
     p.add_argument("--keep", action="store_true", help="keep the mutated copies (their paths are printed)")
+    p.add_argument("--prepared", type=Path,
+                   help="a work directory of the learning test whose stages before GRPO are done (its runs/ is "
+                        "not used): skips preparing them with the unchanged copy")
     args = p.parse_args(argv)
     names = args.only.split(",") if args.only else list(MUTATIONS)
     unknown = sorted(set(names) - set(MUTATIONS))
@@ -88,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     # Everything before GRPO (model, tasks, teacher, warm start, probe) is made once, by the unchanged
     # copy, and copied to each mutant: no mutation touches it.
     prepared = Path(tempfile.mkdtemp(prefix="agentrl-learning-"))
+    if args.prepared:
+        if not (args.prepared / "probe" / "summary.json").exists():
+            p.error(f"{args.prepared} holds no prepared learning test (no probe/summary.json): run the test "
+                    f"with AGENTRL_LEARNING_WORK={args.prepared} first")
+        shutil.copytree(args.prepared, prepared / "unchanged", ignore=shutil.ignore_patterns("runs"))
     for name in ["none", *(n for n in names if n != "none")]:
         tree = Path(tempfile.mkdtemp(prefix="agentrl-mutant-")) / "tree"
         copy_tree(tree)

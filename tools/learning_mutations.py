@@ -1,6 +1,6 @@
 """Break the learning signal on purpose and see whether tests/test_learning.py notices.
 
-    python tools/learning_mutations.py [--only NAME,...] [--prepared WORK] [--keep]
+    python tools/learning_mutations.py [--only NAME,...] [--prepared WORK] [--unskip] [--keep]
 
 Each mutation is one textual change to the code, applied to a copy of this working tree (never to
 the tree itself); the learning test then runs against the copy (PYTHONPATH puts it first, so the
@@ -66,12 +66,26 @@ def mutate(tree: Path, name: str) -> None:
     path.write_text(text.replace(old, new))
 
 
+def unskip(tree: Path) -> None:
+    """Drop the test's own `pytest.mark.skip` (while it is not calibrated) from the copy."""
+    path = tree / TEST
+    text = path.read_text()
+    start = text.find("    pytest.mark.skip(reason=")
+    if start < 0:
+        return
+    end = text.index("]\n", start)
+    path.write_text(text[:start] + text[end:])
+
+
 def run_test(tree: Path, work: Path) -> tuple[bool, str]:
     env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "AGENTRL_LEARNING_WORK": str(work)}
     r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-s", "-p", "no:cacheprovider", TEST], cwd=tree,
                        env=env, capture_output=True, text=True)
     lines = [line for line in (r.stdout + r.stderr).splitlines() if line.strip()]
+    if lines and " skipped" in lines[-1] and " passed" not in lines[-1] and " failed" not in lines[-1]:
+        raise SystemExit(f"learning_mutations: {TEST} was skipped ({lines[-1]}), so it measured nothing: "
+                         f"give --unskip to run it while it is not calibrated")
     # What the test printed (never a traceback's source line, which has the f-string's braces)
     found = []
     for pattern in (r"training reward by rollout: \[[^]]*\]", r"preference for passing plans: -?\d.*"):
@@ -84,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="learning_mutations.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--only", help="comma-separated mutation names (default: all)")
     p.add_argument("--keep", action="store_true", help="keep the mutated copies (their paths are printed)")
+    p.add_argument("--unskip", action="store_true",
+                   help="run the test even though it is marked skipped (not calibrated yet)")
     p.add_argument("--prepared", type=Path,
                    help="a work directory of the learning test whose stages before GRPO are done (its runs/ is "
                         "not used): skips preparing them with the unchanged copy")
@@ -97,14 +113,16 @@ def main(argv: list[str] | None = None) -> int:
     # copy, and copied to each mutant: no mutation touches it.
     prepared = Path(tempfile.mkdtemp(prefix="agentrl-learning-"))
     if args.prepared:
-        if not (args.prepared / "probe" / "summary.json").exists():
-            p.error(f"{args.prepared} holds no prepared learning test (no probe/summary.json): run the test "
+        if not (args.prepared / "probe-pairs" / "summary.json").exists():
+            p.error(f"{args.prepared} holds no prepared learning test (no probe-pairs/summary.json): run the test "
                     f"with AGENTRL_LEARNING_WORK={args.prepared} first")
         shutil.copytree(args.prepared, prepared / "unchanged", ignore=shutil.ignore_patterns("runs"))
     for name in ["none", *(n for n in names if n != "none")]:
         tree = Path(tempfile.mkdtemp(prefix="agentrl-mutant-")) / "tree"
         copy_tree(tree)
         mutate(tree, name)
+        if args.unskip:
+            unskip(tree)
         work = prepared / "unchanged" if name == "none" else prepared / name.replace(" ", "-")
         if name != "none":
             shutil.copytree(prepared / "unchanged", work, ignore=shutil.ignore_patterns("runs"))

@@ -61,11 +61,12 @@ def _add_convert(sub) -> None:
 
 
 def _add_images_parser(sub) -> None:
-    from hpc.images.build import add_arguments, run
+    from .swe.environments import add_arguments, run
 
     img = sub.add_parser("images", help="turn task images into rootfs directories or SIFs, in a cache",
-                         description="Build task images (OCI layouts, docker/oci-archives, registry references) "
-                                     "into a content-addressed cache; see hpc/images/build.py.")
+                         description="Build task images (OCI layouts, docker/oci-archives, registry references, and "
+                                     "the Dockerfiles of tasks) into a content-addressed cache; see "
+                                     "agentrl/swe/environments.py.")
     img_sub = img.add_subparsers(dest="images_command", required=True)
     b = img_sub.add_parser("build", help="build images into the cache and print their paths")
     add_arguments(b)

@@ -193,7 +193,7 @@ class UnhardenedSandbox(SandboxContext):
         argv = ["nsenter", "-t", str(self.init_pid), "-m", "-u", "-i", "-n", "-p", "-r", "-w", "-S", str(uid),
                 "-G", str(uid), "--", "/bin/sh", "-c", 'cd "$0" && exec "$@"', cwd or self.spec.workdir,
                 *as_argv(command)]
-        return await run_process(argv, env=sandbox_env(self.spec.env, env, user), stdin=stdin, timeout_s=timeout_s)
+        return await run_process(argv, env=sandbox_env(self.spec, env, user), stdin=stdin, timeout_s=timeout_s)
 
     async def stop(self) -> None:
         await asyncio.to_thread(self._stop)

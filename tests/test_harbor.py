@@ -15,7 +15,6 @@ from agentrl.swe.harbor import (
     HarborTaskError,
     convert_task,
     convert_tasks,
-    parse_dockerfile,
     write_prompts,
 )
 from agentrl.swe.task import decode_payload, load_task_spec
@@ -113,7 +112,30 @@ def test_image_and_workdir_from_a_plain_dockerfile(tmp_path):
     md = convert_task(make_task(tmp_path, toml=toml, dockerfile=df))["metadata"]
     assert (md["image"], md["workdir"], md["timeouts"]["eval_s"]) == (
         "swebench/sweb.eval.x86_64.x:latest", "/testbed", 600.0)  # Harbor's verifier default
-    assert parse_dockerfile("FROM a\nRUN make\n")[2] == ["RUN"]
+
+
+SWEBENCH_DOCKERFILE = (b"FROM swebench/sweb.eval.x86_64.django__django-11099:latest\nWORKDIR /testbed\n"
+                       b"RUN curl -LsSf https://astral.sh/uv/0.7.13/install.sh | sh\nRUN mkdir -p /logs\n")
+
+
+def test_the_swebench_template_converts_to_an_image_built_from_its_content(tmp_path):
+    toml = b"[agent]\ntimeout_sec = 60\n"
+    a = convert_task(make_task(tmp_path, "a", toml=toml, dockerfile=SWEBENCH_DOCKERFILE))["metadata"]
+    b = convert_task(make_task(tmp_path, "b", toml=toml, dockerfile=SWEBENCH_DOCKERFILE))["metadata"]
+    build = a["harbor"]["environment_build"]
+    assert a["image"] == "dockerfile:" + build["key"] and a["workdir"] == "/testbed"
+    assert set(build["files"]) == {"Dockerfile"} and build["executable"] == []
+    assert b["image"] == a["image"]      # one environment, one build, whatever the task's name
+    c_dir = make_task(tmp_path, "c", toml=toml, dockerfile=SWEBENCH_DOCKERFILE)
+    (c_dir / "environment" / "setup.sh").write_bytes(b"echo\n")
+    c = convert_task(c_dir)["metadata"]
+    assert c["image"] != a["image"]      # the context is part of the build's content
+    (c_dir / "environment" / "setup.sh").chmod(0o755)
+    c_exec = convert_task(c_dir)["metadata"]
+    assert c_exec["harbor"]["environment_build"]["executable"] == ["setup.sh"] and c_exec["image"] != c["image"]
+    pre = convert_task(make_task(tmp_path, "d", toml=toml + b"[environment]\ndocker_image = 'x/y:1'\n",
+                                 dockerfile=SWEBENCH_DOCKERFILE))["metadata"]
+    assert pre["image"] == "x/y:1" and pre["harbor"]["environment_build"] is None   # prebuilt: as Harbor does
 
 
 def _bad(tmp_path: Path, what: str) -> tuple[Path, Path]:
@@ -128,9 +150,9 @@ def _bad(tmp_path: Path, what: str) -> tuple[Path, Path]:
     if what == "no image":
         t = make_task(tmp_path, "no_image", toml=b"[agent]\ntimeout_sec = 60\n[environment]\nworkdir = '/w'\n")
         return t, t / "task.toml"
-    if what == "dockerfile needs a build":
+    if what == "dockerfile copies what its context lacks":
         t = make_task(tmp_path, "build", toml=b"[agent]\ntimeout_sec = 60\n",
-                      dockerfile=b"FROM python:3.11\nRUN pip install x\nWORKDIR /app\n")
+                      dockerfile=b"FROM python:3.11\nCOPY req.txt /app/\nWORKDIR /app\n")
         return t, t / "environment" / "Dockerfile"
     if what == "no agent timeout":
         t = make_task(tmp_path, "no_timeout", toml=TOML.replace(b"timeout_sec = 300.0", b""))
@@ -148,7 +170,7 @@ def _bad(tmp_path: Path, what: str) -> tuple[Path, Path]:
     raise AssertionError(what)
 
 
-BAD = ["missing instruction.md", "bad TOML", "no image", "dockerfile needs a build", "no agent timeout",
+BAD = ["missing instruction.md", "bad TOML", "no image", "dockerfile copies what its context lacks", "no agent timeout",
        "missing test.sh", "not utf-8", "host task without its repo"]
 
 

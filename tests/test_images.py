@@ -3,6 +3,7 @@ SIF and pull command lines, and the Slurm array script."""
 
 from __future__ import annotations
 
+import io
 import json
 import multiprocessing
 import os
@@ -18,10 +19,10 @@ import pytest
 from oci_builder import E, dir_entries, write_docker_archive, write_oci_layout, write_tar_of_dir
 
 from hpc.images import build as build_mod
+from hpc.images.array import JobOutcome, array_script, watch, write_outcome
 from hpc.images.build import (
     apptainer_build_command,
     apptainer_uri,
-    build_array_script,
     build_image,
     skopeo_copy_command,
 )
@@ -398,25 +399,45 @@ def test_sif_and_pull_run_the_tools_into_the_cache(layers, tmp_path, monkeypatch
 
 # ---- many images: Slurm array, module, CLI ----
 
-def test_the_array_script_builds_one_source_per_task(tmp_path):
-    sources = ["/data/a.tar", "/data/with space.tar", "python:3.11"]
-    script = build_array_script(sources, tmp_path / "cache dir", parallelism=2, sbatch_options=["--time=01:00:00"])
+def test_the_array_script_runs_the_build_of_its_task_index(tmp_path):
+    command = ["-m", "agentrl.cli", "images", "build", "/data/with space.tar", "prompts.jsonl", "--cache", "/c"]
+    outcomes = tmp_path / "out dir"
+    script = array_script(command, [0, 2, 5], parallelism=2, outcomes=outcomes, sbatch_options=["--time=01:00:00"])
     lines = script.splitlines()
-    assert "#SBATCH --array=0-2%2" in lines and "#SBATCH --time=01:00:00" in lines
+    assert "#SBATCH --array=0,2,5%2" in lines and "#SBATCH --time=01:00:00" in lines
+    assert f"#SBATCH --output={outcomes}/%a.out" in lines
     body = lines[lines.index("set -euo pipefail"):]
     assert lines[0] == "#!/bin/bash" and not any(ln.startswith("#SBATCH") for ln in body)
     (tmp_path / "job.sh").write_text(script)
     _fake_tool(tmp_path / "bin", "py", 'printf "%s\\n" "$@"')
-    for task, src in enumerate(sources):
-        r = subprocess.run(["bash", str(tmp_path / "job.sh")], capture_output=True, text=True, check=True,
-                           env={**os.environ, "SLURM_ARRAY_TASK_ID": str(task),
-                                "AGENTRL_PYTHON": str(tmp_path / "bin/py")})
-        assert r.stdout.splitlines() == ["-m", "hpc.images.build", src, "--cache", str(tmp_path / "cache dir"),
-                                         "--format", "rootfs"]
+    r = subprocess.run(["bash", str(tmp_path / "job.sh")], capture_output=True, text=True, check=True,
+                       env={**os.environ, "SLURM_ARRAY_TASK_ID": "5", "AGENTRL_PYTHON": str(tmp_path / "bin/py")})
+    assert r.stdout.splitlines() == [*command, "--job-index", "5", "--outcomes", str(outcomes)]
     with pytest.raises(ValueError):
-        build_array_script(sources, tmp_path, parallelism=0)
+        array_script(command, [0], parallelism=0, outcomes=outcomes)
     with pytest.raises(ValueError):
-        build_array_script([], tmp_path, parallelism=1)
+        array_script(command, [], parallelism=1, outcomes=outcomes)
+
+
+def test_watching_an_array_shows_progress_and_names_a_task_that_died_without_an_outcome(tmp_path):
+    names = {0: "a", 3: "b", 4: "c"}
+    polls = []
+
+    def alive() -> bool:        # task 0 ends built, then 4 fails, then the job is gone; 3 never said
+        polls.append(len(polls))
+        if len(polls) == 1:
+            write_outcome(tmp_path, JobOutcome(index=0, name="a", outcome="built", message="/c/rootfs/x"))
+        if len(polls) == 2:
+            write_outcome(tmp_path, JobOutcome(index=4, name="c", outcome="failed", message="step 2/3 ..."))
+        return len(polls) < 3
+
+    out = io.StringIO()
+    done = watch(tmp_path, [0, 3, 4], names, alive, sleep=lambda s: None, out=out)
+    assert out.getvalue().splitlines() == [
+        "0 built, 0 cached, 0 failed, 3 remaining", "1 built, 0 cached, 0 failed, 2 remaining",
+        "1 built, 0 cached, 2 failed, 0 remaining"]
+    assert [done[i].outcome for i in (0, 3, 4)] == ["built", "failed", "failed"]
+    assert "ended without an outcome" in done[3].message and str(tmp_path / "3.out") in done[3].message
 
 
 def test_the_module_builds_and_prints_the_paths(layers, tmp_path):

@@ -11,6 +11,7 @@ declare -A pkg=(
   [bwrap]=bubblewrap
   [mpirun]=openmpi-bin [mpicc]=libopenmpi-dev
   [shellcheck]=shellcheck
+  [buildah]=buildah [skopeo]=skopeo [docker-registry]=docker-registry
 )
 missing=()
 for cmd in "${!pkg[@]}"; do command -v "$cmd" >/dev/null || missing+=("$cmd"); done
@@ -40,5 +41,7 @@ sysdeps: missing system tools: ${missing[*]}
       or use the apptainer sandbox runtime (\`module load apptainer\`), which most HPC sites provide.
     - MPI (mpirun, mpicc): sites provide it with \`module load openmpi\`; load it before
       installing and running mpi4py (pip install 'agentrl-hpc[mpi]'), which uses the MPI it finds.
+    - buildah and skopeo (building tasks' Dockerfiles, pulling images): packaged by Debian 12 and
+      RHEL 8+; docker-registry is only for the tests (a loopback registry).
 MSG
 exit 1

@@ -13,7 +13,7 @@ import json
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,24 @@ class LoadedTask:
     verifier_env: dict[str, str]
 
 
+def decode_payloads(given: Any, where: str) -> dict[str, bytes]:
+    """A record's payload files (path -> gzip + base64), each path checked and no file past MAX_FILE_BYTES."""
+    from .task import MAX_FILE_BYTES, TaskSpecError, check_payload_path
+
+    given = given or {}
+    if not isinstance(given, dict):
+        raise TaskSpecError(f"{where}: must be an object of path -> payload, got {type(given).__name__}")
+    out = {}
+    for rel, text in given.items():
+        check_payload_path(rel, where)
+        try:
+            out[rel] = decode_payload(text, max_bytes=MAX_FILE_BYTES)
+        except (ValueError, TypeError, EOFError) as e:
+            raise TaskSpecError(f"{where}: {rel!r}: the payload {e} (a payload is gzip + base64 of at most "
+                                f"{MAX_FILE_BYTES} bytes): convert the task again (`agentrl convert harbor`)") from None
+    return out
+
+
 def load_record(record: dict[str, Any]) -> LoadedTask:
     """A task from one record of the prompt data (what `agentrl convert harbor` writes).
 
@@ -46,7 +64,7 @@ def load_record(record: dict[str, Any]) -> LoadedTask:
     repository on the host, /tests in the sandbox), so each must be a relative
     path that stays there, and no payload may inflate past MAX_FILE_BYTES.
     """
-    from .task import MAX_FILE_BYTES, TaskSpecError, check_payload_path, load_task_spec
+    from .task import load_task_spec
 
     meta = record["metadata"]
     harbor = meta["harbor"]
@@ -54,26 +72,11 @@ def load_record(record: dict[str, Any]) -> LoadedTask:
     spec = load_task_spec({"prompt": record["prompt"], **{k: meta[k] for k in _SPEC_KEYS if k in meta}},
                           source=f"task {meta.get('instance_id')!r}")
 
-    def payloads(key: str) -> dict[str, bytes]:
-        given = harbor.get(key) or {}
-        if not isinstance(given, dict):
-            raise TaskSpecError(f"{where}.{key}: must be an object of path -> payload, got {type(given).__name__}")
-        out = {}
-        for rel, text in given.items():
-            check_payload_path(rel, f"{where}.{key}")
-            try:
-                out[rel] = decode_payload(text, max_bytes=MAX_FILE_BYTES)
-            except (ValueError, TypeError, EOFError) as e:
-                raise TaskSpecError(f"{where}.{key}: {rel!r}: the payload {e} (a payload is gzip + base64 of at "
-                                    f"most {MAX_FILE_BYTES} bytes): convert the task again (`agentrl convert "
-                                    "harbor`)") from None
-        return out
-
     tests = {"test.sh": harbor["test_sh"].encode()}
     if harbor.get("config_json") is not None:
         tests["config.json"] = harbor["config_json"].encode()
-    tests.update(payloads("test_files"))
-    testbed = payloads("testbed_files") or None
+    tests.update(decode_payloads(harbor.get("test_files"), f"{where}.test_files"))
+    testbed = decode_payloads(harbor.get("testbed_files"), f"{where}.testbed_files") or None
     solve = harbor.get("solve_sh")
     return LoadedTask(spec, tests, solve.encode() if solve is not None else None, testbed,
                       dict(harbor.get("verifier_env") or {}))
@@ -93,12 +96,14 @@ class CheckRow:
         return bool(self.problem)
 
 
-def materialize(files: dict[str, bytes], into: Path) -> Path:
-    """A host task's repository as files under `into` (what its sandbox's work tree starts as).
+def materialize(files: dict[str, bytes], into: Path, executable: Collection[str] | None = None,
+                what: str = "testbed_files") -> Path:
+    """Payload files (a host task's repository, an environment's build context) under `into`.
 
     Only under `into`: a key that is absolute, has '..' or is empty is refused
     (TaskSpecError), and so is one that resolves outside `into` through a
     symlink already there; the last component is never followed (O_NOFOLLOW).
+    The files in `executable` (default: the *.sh ones) get mode 0755, the others 0644.
     """
     import os
 
@@ -106,25 +111,24 @@ def materialize(files: dict[str, bytes], into: Path) -> Path:
 
     into = Path(into)
     for rel in files:
-        check_payload_path(rel, f"testbed_files (materialized under {into})")
+        check_payload_path(rel, f"{what} (materialized under {into})")
     into.mkdir(parents=True, exist_ok=True)
     root = os.path.realpath(into)
     for rel, data in files.items():
         path = into / rel
         parent = os.path.realpath(path.parent)  # checked before mkdir, which would follow a symlink out
         if os.path.commonpath([parent, root]) != root:
-            raise TaskSpecError(f"testbed_files: key {rel!r} resolves to {parent}, outside {into} (through a "
+            raise TaskSpecError(f"{what}: key {rel!r} resolves to {parent}, outside {into} (through a "
                                 f"symlink there): materialize into an empty directory")
         path.parent.mkdir(parents=True, exist_ok=True)
         if os.path.islink(path):
-            raise TaskSpecError(f"testbed_files: key {rel!r}: {path} is a symlink, which would be written through: "
+            raise TaskSpecError(f"{what}: key {rel!r}: {path} is a symlink, which would be written through: "
                                 "materialize into an empty directory")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o755 if rel.endswith(".sh") else 0o644)
+        mode = 0o755 if (rel in executable if executable is not None else rel.endswith(".sh")) else 0o644
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        if rel.endswith(".sh"):
-            path.chmod(0o755)
+            os.fchmod(f.fileno(), mode)     # the umask narrowed it
     return into
 
 
@@ -231,18 +235,22 @@ def rows_json(rows: list[CheckRow], hack_rows: list | None = None) -> str:
     return json.dumps(out)
 
 
-def load_tasks(paths: list[str]) -> list[LoadedTask]:
-    """Harbor task directories (or directories of them) and JSONL prompt files."""
+def load_task_records(paths: list[str] | list[Path]) -> list[dict[str, Any]]:
+    """The prompt-data records of Harbor task directories (or directories of them) and JSONL prompt files."""
     from .harbor import convert_task, expand_task_dirs
 
-    tasks, dirs = [], []
+    records, dirs = [], []
     for p in map(Path, paths):
         if p.suffix == ".jsonl":
-            tasks += [load_record(json.loads(line)) for line in p.read_text().splitlines() if line.strip()]
+            records += [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
         else:
             dirs.append(p)
-    tasks += [load_record(convert_task(d)) for d in expand_task_dirs(dirs)]
-    return tasks
+    return records + [convert_task(d) for d in expand_task_dirs(dirs)]
+
+
+def load_tasks(paths: list[str]) -> list[LoadedTask]:
+    """Harbor task directories (or directories of them) and JSONL prompt files."""
+    return [load_record(r) for r in load_task_records(paths)]
 
 
 def main(args) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -25,6 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from hpc.fsio import write_atomic
+from hpc.images.dockerfile import DOCKERFILE, DockerfileError, build_key, built_image_name, plan_dockerfile
 
 try:
     import tomllib
@@ -84,58 +86,52 @@ def _size_mb(text: str, path: Path, key: str = "memory") -> int:
         raise HarborTaskError(path, f"[environment] {key} {text!r} is not a size like '2G' or '512M'") from None
 
 
-def parse_dockerfile(text: str) -> tuple[str | None, str | None, list[str]]:
-    """(FROM image, last absolute WORKDIR, instructions that need a build) of a Dockerfile.
+def _environment_build(tree: TaskTree, env_dir: Path) -> dict[str, Any]:
+    """The task's environment/ as a build context: its key, its files (payloads) and which are executable."""
+    files = tree.files_under(env_dir)
+    executable = sorted(rel for rel in files if os.stat(tree.resolve(env_dir / rel)).st_mode & 0o111)
+    return {"key": build_key(files, executable), "files": {rel: encode_payload(data) for rel, data in files.items()},
+            "executable": executable}
 
-    A Dockerfile with only FROM/WORKDIR/LABEL names a prebuilt image we can use
-    as is; anything else (RUN, COPY, ENV, ...) changes the image, so its FROM
-    alone would be the wrong environment.
+
+def _image_and_workdir(env: dict, tree: TaskTree, toml_path: Path) -> tuple[str, str, dict[str, Any] | None]:
+    """(image, workdir, the environment's build or None) of a task.
+
+    [environment] docker_image names a prebuilt image, used as it is (Harbor's rule too). Otherwise
+    the Dockerfile's FROM is the image when the Dockerfile changes nothing (FROM, WORKDIR, metadata);
+    when it does, the environment/ directory is the build context of an image that `agentrl images
+    build` makes, named by its content.
     """
-    image = workdir = None
-    needs_build: list[str] = []
-    for line in text.splitlines():
-        words = line.split()
-        if not words or words[0].startswith("#"):
-            continue
-        op, args = words[0].upper(), words[1:]
-        if op == "FROM":
-            args = [a for a in args if not a.startswith("--")]
-            if image is not None or not args:
-                needs_build.append("multi-stage FROM")
-            image = args[0] if args else None
-        elif op == "WORKDIR" and args and args[-1].startswith("/"):
-            workdir = args[-1]
-        elif op not in ("LABEL", "MAINTAINER", "WORKDIR"):
-            needs_build.append(op)
-    return image, workdir, needs_build
-
-
-def _image_and_workdir(env: dict, tree: TaskTree, toml_path: Path) -> tuple[str, str]:
-    dockerfile = tree.dir / "environment" / "Dockerfile"
-    df_image = df_workdir = None
-    needs_build: list[str] = []
-    if tree.exists(dockerfile):
-        df_image, df_workdir, needs_build = parse_dockerfile(tree.read_text(dockerfile))
+    env_dir = tree.dir / "environment"
+    dockerfile = env_dir / DOCKERFILE
+    plan = build = None
     image = env.get("docker_image")
+    if tree.exists(dockerfile):
+        try:
+            plan = plan_dockerfile(tree.read_text(dockerfile), tree.files_under(env_dir))
+        except DockerfileError as e:
+            if image is None:      # with a prebuilt image the Dockerfile is not built, as in Harbor
+                raise HarborTaskError(dockerfile, str(e)) from None
     if image is None:
-        if df_image is None:
+        if plan is None:
             raise HarborTaskError(toml_path, "no image: set [environment] docker_image "
                                              f"(or give {dockerfile} a FROM line)")
-        if needs_build:
-            raise HarborTaskError(dockerfile, f"needs a build ({', '.join(sorted(set(needs_build)))}): build it, "
-                                              f"push it, and name it in {toml_path} [environment] docker_image")
-        image = df_image
+        if plan.needs_build:
+            build = _environment_build(tree, env_dir)
+            image = built_image_name(build["key"])
+        else:
+            image = plan.bases[0]
     if not isinstance(image, str) or not image.strip():
         raise HarborTaskError(toml_path, f"[environment] docker_image must be an image reference, got {image!r}")
     # `workdir` is our extension (Harbor ignores keys it does not know); Harbor
     # itself takes the working directory from the image's WORKDIR.
-    workdir = env.get("workdir", df_workdir)
+    workdir = env.get("workdir", plan.workdir if plan else None)
     if workdir is None:
         raise HarborTaskError(toml_path, "no working directory: set [environment] workdir "
                                          f"(or a WORKDIR in {dockerfile})")
     if not isinstance(workdir, str) or not PurePosixPath(workdir).is_absolute():
         raise HarborTaskError(toml_path, f"[environment] workdir must be an absolute path, got {workdir!r}")
-    return image, workdir
+    return image, workdir, build
 
 
 def parse_task_toml(text: str, task_dir: Path, toml_path: Path, tree: TaskTree | None = None) -> dict[str, Any]:
@@ -147,7 +143,7 @@ def parse_task_toml(text: str, task_dir: Path, toml_path: Path, tree: TaskTree |
         raise HarborTaskError(toml_path, f"is not valid TOML ({e})") from None
     agent, verifier = _section(cfg, "agent", toml_path), _section(cfg, "verifier", toml_path)
     env, meta = _section(cfg, "environment", toml_path), _section(cfg, "metadata", toml_path)
-    image, workdir = _image_and_workdir(env, tree, toml_path)
+    image, workdir, build = _image_and_workdir(env, tree, toml_path)
     for key in ("cpus", "memory_mb", "storage_mb"):
         _finite(env, "environment", key, toml_path)
     memory_mb = env.get("memory_mb")
@@ -167,6 +163,7 @@ def parse_task_toml(text: str, task_dir: Path, toml_path: Path, tree: TaskTree |
     return {
         "image": image,
         "workdir": workdir,
+        "environment_build": build,
         "timeouts": {"agent_s": _positive(agent, "agent", "timeout_sec", toml_path, None),
                      "eval_s": _positive(verifier, "verifier", "timeout_sec", toml_path,
                                          DEFAULT_VERIFIER_TIMEOUT_S)},
@@ -251,6 +248,7 @@ def convert_task(task_dir: Path) -> dict[str, Any]:
         "test_sh": test_sh,
         "test_files": _payloads(tree, tests_dir, skip=("test.sh", "config.json")),
         "testbed_files": _testbed_files(tree, spec.image),
+        "environment_build": parsed["environment_build"],
         "solve_sh": tree.read_text(solve) if tree.exists(solve) else None,
         "name": parsed["name"],
         "verifier_env": parsed["verifier_env"],

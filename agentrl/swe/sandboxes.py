@@ -3,7 +3,8 @@
 A task names its image as the data set does: `host` (the host's own /usr, read-only, for
 tasks that need only the host's programs), a path (a rootfs directory for bwrap, a SIF or
 sandbox directory for Apptainer), or anything `agentrl images build` was given (a registry
-reference, an OCI layout, an archive), found in the image cache by that name.
+reference, an OCI layout, an archive, a task's Dockerfile as `dockerfile:<key>`), found in the
+image cache by that name; such an image's ENV (its OCI config) is the sandbox's too.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from hpc.images.cache import ImageCache
+from hpc.images.cache import Entry, ImageCache
+from hpc.images.dockerfile import BUILT_PREFIX
 from hpc.sandbox.base import Sandbox, SandboxError, SandboxSpec
 from hpc.sandbox.factory import Runtime, make_sandbox
 from hpc.sandbox.policy import Limits
@@ -29,27 +31,34 @@ def resolve_image(image: str, runtime: Runtime, cache: ImageCache | None) -> str
     Raises SandboxError (an infrastructure failure, not the agent's) naming the command that
     builds a missing image.
     """
+    return _resolve(image, runtime, cache)[0]
+
+
+def _resolve(image: str, runtime: Runtime, cache: ImageCache | None) -> tuple[str | None, dict[str, str]]:
+    """(what the runtime runs, the image's ENV): an image from the cache brings its config's."""
     if image == HOST_IMAGE or runtime == "local":
-        return None
+        return None, {}
     if runtime == "bwrap" and os.path.isdir(os.path.join(image, "usr")):
-        return image                      # an extracted rootfs
+        return image, {}                  # an extracted rootfs
     if runtime == "apptainer" and (image.endswith(".sif") or os.path.isdir(os.path.join(image, "usr"))) \
             and os.path.exists(image):
-        return image                      # a SIF or a sandbox directory
-    # a registry reference, an OCI layout or an archive: built into the cache under that name
-    return _cached(os.path.abspath(image) if os.path.exists(image) else image, runtime, cache)
+        return image, {}                  # a SIF or a sandbox directory
+    # a registry reference, an OCI layout, an archive or a task's Dockerfile: built into the cache
+    entry = _cached(os.path.abspath(image) if os.path.exists(image) else image, runtime, cache)
+    return str(entry.payload), dict(entry.record.env)
 
 
-def _cached(image: str, runtime: Runtime, cache: ImageCache | None) -> str:
+def _cached(image: str, runtime: Runtime, cache: ImageCache | None) -> Entry:
     fmt = _FORMAT[runtime]
-    build = f"agentrl images build {image} --cache {cache.root if cache else 'DIR'} --format {fmt}"
+    what = "PROMPTS.jsonl (or the task directories)" if image.startswith(BUILT_PREFIX) else image
+    build = f"agentrl images build {what} --cache {cache.root if cache else 'DIR'} --format {fmt}"
     if cache is None:
         raise SandboxError(f"image {image!r} needs the image cache: pass --image-cache DIR "
                            f"(sandbox.image_cache in a run config), after `{build}`")
     entry = cache.find(image, fmt)
     if entry is None:
         raise SandboxError(f"image {image!r} is not in the cache {cache.root} as {fmt}: run `{build}`")
-    return str(entry.payload)
+    return entry
 
 
 def sandbox_limits(r: Resources) -> Limits:
@@ -63,9 +72,9 @@ def task_sandbox(spec: TaskSpec, *, runtime: Runtime = "bwrap", cache: ImageCach
                  ro_binds: Mapping[str, str] | None = None, allow_unsafe_local: bool = False,
                  fakeroot: bool = False) -> Sandbox:
     """The (unstarted) sandbox for one attempt at `spec`."""
-    image = resolve_image(spec.image, runtime, cache)
+    image, image_env = _resolve(spec.image, runtime, cache)
     sb_spec = SandboxSpec(workdir=spec.workdir, workdir_source=str(workdir_source) if workdir_source else None,
-                          rootfs=image if runtime == "bwrap" else None, env=dict(env or {}),
+                          rootfs=image if runtime == "bwrap" else None, image_env=image_env, env=dict(env or {}),
                           ro_binds=dict(ro_binds or {}), adapter_socket=adapter_socket, scratch_dir=scratch_dir,
                           limits=sandbox_limits(spec.resources), root_dirs=GRADER_DIRS)
     return make_sandbox(runtime, sb_spec, image=image if runtime == "apptainer" else None,

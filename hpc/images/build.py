@@ -8,25 +8,26 @@ and prints the commands to run on a machine that has the tools. A SIF is made by
 
     python -m hpc.images.build SRC... --cache DIR [--format rootfs|sif]
 
-prints the path of each built image. `build_array_script` renders a Slurm job array that
-builds many images, one per task.
+prints the path of each built image. `agentrl images build --slurm` builds many as a Slurm
+job array (hpc/images/array.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .cache import FORMATS, CacheError, Entry, ImageCache
 from .extract import extract_image
-from .oci import ImageError, open_image
+from .oci import ImageError, open_image, runtime_config
 
 _COMPONENT = r"[a-z0-9]+(?:[._-]+[a-z0-9]+)*"
 _REF = re.compile(rf"^{_COMPONENT}(?::\d+)?(?:/{_COMPONENT})*(?::\w[\w.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?$")
@@ -35,6 +36,8 @@ INSTALL = {
                  "or `module load apptainer` on a cluster that provides it",
     "skopeo": "install skopeo (apt-get install skopeo / dnf install skopeo), "
               "or pull on a machine that has it and pass the OCI layout directory",
+    "buildah": "install buildah (apt-get install buildah / dnf install buildah; Debian 12 and RHEL 8 package it), "
+               "or `module load buildah` where the site provides it",
 }
 
 
@@ -69,9 +72,12 @@ def apptainer_build_command(out: Path | str, uri: str, fakeroot: bool = False) -
     return ["apptainer", "build", *(["--fakeroot"] if fakeroot else []), str(out), uri]
 
 
-def skopeo_copy_command(ref: str, layout: Path | str) -> list[str]:
-    """`skopeo copy docker://REF oci:DIR`: a registry image into an OCI layout directory."""
-    return ["skopeo", "copy", docker_uri(ref), f"oci:{layout}"]
+def skopeo_copy_command(ref: str, layout: Path | str, registries_conf: Path | str | None = None) -> list[str]:
+    """`skopeo copy docker://REF oci:DIR`: a registry image into an OCI layout directory. A site's
+    mirrors come in a registries.conf, which skopeo reads only from --registries-conf (skopeo 1.9
+    ignores CONTAINERS_REGISTRIES_CONF)."""
+    conf = ["--registries-conf", str(registries_conf)] if registries_conf else []
+    return ["skopeo", *conf, "copy", docker_uri(ref), f"oci:{layout}"]
 
 
 def require_tool(tool: str, purpose: str, commands: Sequence[str] = ()) -> str:
@@ -91,14 +97,15 @@ def _run(cmd: list[str], what: str) -> None:
 
 
 def build_image(source: str | Path, cache: ImageCache, fmt: str = "rootfs", ref: str | None = None,
-                fakeroot: bool = False, label: str | None = None) -> tuple[Entry, bool]:
+                fakeroot: bool = False, label: str | None = None,
+                registries_conf: Path | str | None = None) -> tuple[Entry, bool]:
     """The cache entry for `source` in `fmt`, built if absent; True if this call built it.
 
     `label` is what the entry records as its source, by which tasks find it (default: `source`,
-    a path made absolute)."""
+    a path made absolute). A reference is pulled through `registries_conf`'s mirrors, if given."""
     source = str(source)
     if is_reference(source):
-        return _build_reference(source, cache, fmt, fakeroot)
+        return _build_reference(source, cache, fmt, fakeroot, registries_conf)
     label = label or os.path.abspath(source)
     with open_image(source, ref) as image:
         if fmt == "rootfs":
@@ -110,10 +117,12 @@ def build_image(source: str | Path, cache: ImageCache, fmt: str = "rootfs", ref:
             def build(payload: Path) -> None:
                 require_tool("apptainer", "building a SIF", [shlex.join(apptainer_build_command("OUT.sif", uri))])
                 _run(apptainer_build_command(payload, uri, fakeroot), f"building {payload.name} from {source}")
-        return cache.build_or_get(image.image_id, fmt, label, build, image.manifest_digest)
+        return cache.build_or_get(image.image_id, fmt, label, build, image.manifest_digest,
+                                  runtime_config(image.config, f"{source}: config {image.image_id}"))
 
 
-def _build_reference(ref: str, cache: ImageCache, fmt: str, fakeroot: bool) -> tuple[Entry, bool]:
+def _build_reference(ref: str, cache: ImageCache, fmt: str, fakeroot: bool,
+                     registries_conf: Path | str | None) -> tuple[Entry, bool]:
     # A tag moves; the cache is keyed by content, so the image is copied here first and read.
     pulls = cache.root / ".pulls"
     layout = pulls / f"{os.getpid()}-{os.urandom(4).hex()}"
@@ -123,78 +132,71 @@ def _build_reference(ref: str, cache: ImageCache, fmt: str, fakeroot: bool) -> t
     require_tool("skopeo", f"pulling {ref}", cmds)
     pulls.mkdir(parents=True, exist_ok=True)
     try:
-        _run(skopeo_copy_command(ref, layout), f"pulling {ref}")
+        _run(skopeo_copy_command(ref, layout, registries_conf), f"pulling {ref}")
         entry, built = build_image(layout, cache, fmt, fakeroot=fakeroot, label=ref)
     finally:
         shutil.rmtree(layout, ignore_errors=True)
     return entry, built
 
 
-def build_many(sources: Sequence[str], cache: ImageCache, fmt: str = "rootfs", fakeroot: bool = False,
+def run_builds(jobs: Sequence[tuple[str, Callable[[], tuple[Entry, bool]]]],
                out=sys.stderr) -> dict[str, Entry | Exception]:
-    """Build each source in turn, going on past failures; progress as a bar (tqdm) or plain lines."""
+    """Run each (name, build) in turn, going on past failures; progress as a bar (tqdm) or plain lines,
+    then how many were built, cached and failed, and why each failure failed."""
     try:
         from tqdm import tqdm
     except ImportError:
         tqdm = None
     results: dict[str, Entry | Exception] = {}
-    bar = tqdm(total=len(sources), unit="image", file=out) if tqdm and len(sources) > 1 else None
-    for i, src in enumerate(sources, 1):
+    counts = {"built": 0, "cached": 0, "failed": 0}
+    bar = tqdm(total=len(jobs), unit="image", file=out) if tqdm and len(jobs) > 1 else None
+    for i, (name, build) in enumerate(jobs, 1):
         try:
-            entry, built = build_image(src, cache, fmt, fakeroot=fakeroot)
-            results[src], line = entry, f"{'built' if built else 'cached'} {entry.payload}"
+            entry, built = build()
+            outcome = "built" if built else "cached"
+            results[name], line = entry, f"{outcome} {entry.payload}"
         except (ImageError, CacheError, OSError) as e:
-            results[src], line = e, f"FAILED: {e}"
+            results[name], outcome, line = e, "failed", f"FAILED: {e}"
+        counts[outcome] += 1
         if bar is not None:
-            bar.write(f"{src}: {line}", file=out)
+            bar.write(f"{name}: {line}", file=out)
             bar.update()
+            bar.set_postfix(counts, refresh=False)
         else:
-            print(f"[{i}/{len(sources)}] {src}: {line}", file=out, flush=True)
+            print(f"[{i}/{len(jobs)}] {name}: {line}", file=out, flush=True)
     if bar is not None:
         bar.close()
+    failed = [(name, r) for name, r in results.items() if isinstance(r, Exception)]
+    print(f"{counts['built']} built, {counts['cached']} cached, {counts['failed']} failed"
+          + "".join(f"\n  FAILED {name}: {e}" for name, e in failed), file=out, flush=True)
     return results
 
 
-def build_array_script(sources: Sequence[str], cache: Path | str, parallelism: int, fmt: str = "rootfs",
-                       job_name: str = "agentrl-images", sbatch_options: Sequence[str] = ()) -> str:
-    """An sbatch script whose array task i builds sources[i]; at most `parallelism` run at once.
-
-    Tasks that build one image race safely (the cache keeps one entry). The Python comes from
-    AGENTRL_PYTHON (default python3), as in the launch scripts.
-    """
-    if not sources:
-        raise ValueError("no sources to build")
-    if parallelism < 1:
-        raise ValueError("parallelism must be at least 1")
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown format {fmt!r}")
-    lines = ["#!/bin/bash",
-             f"#SBATCH --job-name={job_name}",
-             f"#SBATCH --array=0-{len(sources) - 1}%{parallelism}",
-             "#SBATCH --output=%x-%A_%a.out",
-             *(f"#SBATCH {opt}" for opt in sbatch_options),
-             "set -euo pipefail",
-             "PYTHON=${AGENTRL_PYTHON:-python3}",
-             "SOURCES=(",
-             *(f"  {shlex.quote(str(s))}" for s in sources),
-             ")",
-             f'exec "$PYTHON" -m hpc.images.build "${{SOURCES[$SLURM_ARRAY_TASK_ID]}}" '
-             f"--cache {shlex.quote(str(cache))} --format {fmt}",
-             ""]
-    return "\n".join(lines)
+def build_many(sources: Sequence[str], cache: ImageCache, fmt: str = "rootfs", fakeroot: bool = False,
+               registries_conf: Path | str | None = None, out=sys.stderr) -> dict[str, Entry | Exception]:
+    """Build each source in turn, going on past failures (run_builds)."""
+    return run_builds([(src, functools.partial(build_image, src, cache, fmt, fakeroot=fakeroot,
+                                               registries_conf=registries_conf)) for src in sources], out)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("sources", nargs="+", metavar="SRC",
-                   help="an OCI layout directory, an oci-archive or docker-archive tar, or a reference (python:3.11)")
+                   help="an OCI layout directory, an oci-archive or docker-archive tar, or a reference (python:3.11); "
+                        "with `agentrl images build`, also tasks (a task directory, a data set, a prompts JSONL) "
+                        "whose Dockerfiles it builds")
     p.add_argument("--cache", required=True, help="the image cache directory (on the shared filesystem)")
     p.add_argument("--format", choices=FORMATS, default="rootfs",
                    help="rootfs: a directory for bubblewrap (default); sif: an Apptainer image (needs apptainer)")
     p.add_argument("--fakeroot", action="store_true", help="pass --fakeroot to apptainer build")
+    p.add_argument("--registries-conf", type=Path, metavar="FILE",
+                   help="a registries.conf (containers-registries.conf(5)) naming the site's registry mirrors")
 
 
 def run(args: argparse.Namespace) -> int:
-    results = build_many(args.sources, ImageCache(args.cache), args.format, args.fakeroot)
+    if args.registries_conf is not None and not args.registries_conf.is_file():
+        raise SystemExit(f"--registries-conf {args.registries_conf}: no such file (a registries.conf, "
+                         "containers-registries.conf(5))")
+    results = build_many(args.sources, ImageCache(args.cache), args.format, args.fakeroot, args.registries_conf)
     for result in results.values():
         if isinstance(result, Entry):
             print(result.payload)

@@ -21,10 +21,10 @@ import secrets
 import shutil
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from hpc.fsio import fsync_dir
 from hpc.procs import pid_alive
@@ -48,6 +48,10 @@ class ImageEntry(Record):
     manifest_digest: str | None = None
     size: int              # bytes of the built payload
     created: float
+    # The image's runtime config (OCI config.Env, WorkingDir, User), which a rootfs alone loses
+    env: dict[str, str] = {}
+    workdir: str | None = None
+    user: str | None = None
 
 
 class CacheError(Exception):
@@ -181,8 +185,10 @@ class ImageCache:
         return removed
 
     def build_or_get(self, digest: str, fmt: Format, source: str, build: Callable[[Path], None],
-                     manifest_digest: str | None = None) -> tuple[Entry, bool]:
-        """The entry for `digest`, built with `build(payload_path)` if absent; True if this call's build is it."""
+                     manifest_digest: str | None = None, runtime: Mapping[str, Any] | None = None
+                     ) -> tuple[Entry, bool]:
+        """The entry for `digest`, built with `build(payload_path)` if absent; True if this call's build is it.
+        `runtime`: the image's env, workdir and user (oci.runtime_config), kept in the entry's record."""
         final = self.entry_path(digest, fmt)
         hit = self.lookup(digest, fmt)
         if hit is not None:
@@ -197,7 +203,7 @@ class ImageCache:
             if not os.path.lexists(payload):
                 raise CacheError(f"building {source} produced no {payload.name}")
             record = ImageEntry(digest=digest, format=fmt, source=source, manifest_digest=manifest_digest,
-                                size=tree_size(payload), created=time.time())
+                                size=tree_size(payload), created=time.time(), **(runtime or {}))
             write_record(tmp / RECORD, record)  # last: a directory without it is never trusted
             return self._publish(tmp, final, digest, fmt)
         finally:

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from hpc.sandbox.base import AGENT_GID, AGENT_UID
@@ -62,8 +63,8 @@ def _copy_chain(path: str, root: Path) -> None:
         p = _usr_path(os.path.normpath(os.path.join(os.path.dirname(p), os.readlink(p))))
 
 
-def _essentials(root: Path) -> None:
-    for name in ESSENTIAL_BINS:
+def _essentials(root: Path, bins: Sequence[str]) -> None:
+    for name in bins:
         exe = shutil.which(name, path="/usr/bin:/bin")
         if exe is None:
             continue
@@ -96,12 +97,13 @@ def _skeleton(root: Path) -> None:
     write_minimal_etc(root / "etc")
 
 
-def build_host_rootfs(root: Path, *, min_bytes: int = 0) -> int:
-    """Build the rootfs at `root` (which must not exist yet); its size in bytes on disk."""
+def build_host_rootfs(root: Path, *, min_bytes: int = 0, extra_bins: Sequence[str] = ()) -> int:
+    """Build the rootfs at `root` (which must not exist yet); its size in bytes on disk. `extra_bins`:
+    more of the host's programs (curl, say), with the libraries they load."""
     if os.path.lexists(root):
         raise FileExistsError(f"{root} exists: a host rootfs is built into a new directory")
     _skeleton(root)
-    _essentials(root)
+    _essentials(root, (*ESSENTIAL_BINS, *extra_bins))
     size = _tree_bytes(root)
     for filler in FILLERS:
         if size >= min_bytes or not os.path.isdir(filler):

@@ -20,11 +20,12 @@ import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 INDEX_TYPES = {"application/vnd.oci.image.index.v1+json",
                "application/vnd.docker.distribution.manifest.list.v2+json"}
 _DIGEST = re.compile(r"^(sha256|sha512):([0-9a-f]+)$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _HEX_LEN = {"sha256": 64, "sha512": 128}
 _ARCH = {"x86_64": "amd64", "aarch64": "arm64", "ppc64le": "ppc64le", "s390x": "s390x"}
 
@@ -54,6 +55,23 @@ class Image:
     @property
     def size(self) -> int:
         return sum(layer.size or 0 for layer in self.layers)
+
+
+def runtime_config(config: dict, where: str) -> dict[str, Any]:
+    """The image's runtime config (OCI image config: Env, WorkingDir, User) as ImageEntry keeps it."""
+    c = config.get("config") or {}
+    env: dict[str, str] = {}
+    for item in c.get("Env") or []:
+        name, sep, value = item.partition("=") if isinstance(item, str) else ("", "", "")
+        if not sep or not _ENV_NAME.match(name) or "\0" in value:
+            raise ImageError(f"{where}: config Env entry {item!r} is not NAME=VALUE with a shell variable name")
+        env[name] = value
+    workdir, user = c.get("WorkingDir") or None, c.get("User") or None
+    if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")):
+        raise ImageError(f"{where}: config WorkingDir {workdir!r} is not an absolute path")
+    if user is not None and not isinstance(user, str):
+        raise ImageError(f"{where}: config User {user!r} is not a string")
+    return {"env": env, "workdir": workdir, "user": user}
 
 
 def check_digest(digest: str, where: str) -> tuple[str, str]:

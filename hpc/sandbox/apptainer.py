@@ -257,7 +257,7 @@ class ApptainerSandbox(SandboxContext):
         check_user(user)
         if self.instance_pid is None:
             raise SandboxError("exec before start()")
-        full_env = sandbox_env(self.spec.env, env, user)
+        full_env = sandbox_env(self.spec, env, user)
         # HOME is the instance's --home: Apptainer refuses to override it from the environment and
         # warns on stderr ("Overriding HOME environment variable ... is not permitted", apptainer#388).
         del full_env["HOME"]

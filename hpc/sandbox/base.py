@@ -44,6 +44,7 @@ class SandboxSpec:
     workdir: str = "/testbed"
     workdir_source: str | None = None
     rootfs: str | None = None
+    image_env: Mapping[str, str] = field(default_factory=dict)   # the image's ENV (its OCI config)
     env: Mapping[str, str] = field(default_factory=dict)
     # Host path -> sandbox path, read-only (agent CLIs, a tools directory).
     ro_binds: Mapping[str, str] = field(default_factory=dict)
@@ -104,11 +105,17 @@ def as_argv(command: Sequence[str] | str) -> list[str]:
     return ["/bin/bash", "-c", command] if isinstance(command, str) else list(command)
 
 
-def sandbox_env(spec_env: Mapping[str, str], extra: Mapping[str, str] | None, user: str) -> dict[str, str]:
-    """The whole environment of a command in the sandbox: nothing of the host's leaks in."""
+def sandbox_env(spec: SandboxSpec, extra: Mapping[str, str] | None, user: str) -> dict[str, str]:
+    """The whole environment of a command in the sandbox: nothing of the host's leaks in.
+
+    The image's ENV (a PATH with a tool its build installed) comes over the defaults; the sandbox's
+    identity (HOME, USER) over the image's, whose user it does not run as; then the sandbox's own
+    variables and the command's."""
     home = "/root" if user == "root" else "/home/agent"
-    env = {"PATH": DEFAULT_PATH, "HOME": home, "USER": user, "LANG": "C.UTF-8", "TERM": "dumb"}
-    env.update(spec_env)
+    env = {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8", "TERM": "dumb"}
+    env.update(spec.image_env)
+    env.update({"HOME": home, "USER": user})
+    env.update(spec.env)
     env.update(extra or {})
     return env
 

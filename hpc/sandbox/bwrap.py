@@ -224,7 +224,7 @@ class BwrapSandbox(SandboxContext):
         try:
             pid = await self._request({"op": "spawn", "argv": as_argv(command), "user": user,
                                        "cwd": cwd or self.spec.workdir,
-                                       "env": sandbox_env(self.spec.env, env, user)}, [in_r, out_w, err_w])
+                                       "env": sandbox_env(self.spec, env, user)}, [in_r, out_w, err_w])
         except BaseException:
             for fd in (in_w, out_r, err_r):
                 if fd >= 0:

@@ -72,7 +72,7 @@ class LocalSandbox(SandboxContext):
                    stdin: bytes | None = None) -> ExecResult:
         check_user(user)
         host_cwd = self.host_path(cwd or self.spec.workdir)
-        full_env = sandbox_env(self.spec.env, env, user)
+        full_env = sandbox_env(self.spec, env, user)
         full_env["HOME"] = str(self._scratch / "home")     # /home/agent and /root are not ours here
         return await run_process(as_argv(command), env=full_env, stdin=stdin, timeout_s=timeout_s,
                                  cwd=str(host_cwd))

@@ -1,0 +1,143 @@
+"""A task's environment built from its Dockerfile with buildah, without a Docker daemon.
+
+    buildah [--root R --runroot R/run] [--storage-driver D] bud --isolation chroot -f CTX/Dockerfile -t TAG CTX
+    buildah push TAG oci-archive:TMP.tar         then the archive becomes a cache entry (rootfs or SIF)
+
+`--isolation chroot` runs RUN steps without a container runtime or user namespaces, which is
+what works inside a Slurm job. A site registry or pull-through mirror is a registries.conf
+(containers-registries.conf(5)), handed to buildah as CONTAINERS_REGISTRIES_CONF, so that a
+Dockerfile's unchanged `FROM swebench/...` resolves through it.
+
+The build's whole output goes to a log in the cache (CACHE/logs/<key>.log). A RUN step that
+could not reach the network fails the build even when the step exited 0, since `curl ... | sh`
+exits with sh's status: the image would silently lack what the download was for.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from .build import build_image, require_tool
+from .cache import Entry, Format, ImageCache
+from .dockerfile import DOCKERFILE, built_image_name
+from .oci import ImageError
+
+# What a download that could not reach the network prints (curl, wget, pip, apt, git, uv)
+NETWORK_ERRORS = re.compile(
+    r"Could not resolve host|Temporary failure (?:in name resolution|resolving)|Name or service not known"
+    r"|Network is unreachable|Failed to connect to|Failed to establish a new connection"
+    r"|unable to resolve host address|Could not resolve hostname|dns error", re.IGNORECASE)
+_STEP = re.compile(r"^STEP (\d+)/(\d+): (.*)$")
+
+
+class BuildahOptions(BaseModel):
+    """How buildah runs here: where a site's registries are configured and where it keeps images."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    registries_conf: Path | None = None          # containers-registries.conf(5): mirrors, insecure registries
+    storage_root: Path | None = None             # buildah --root (default: buildah's own, per user)
+    storage_driver: Literal["vfs", "overlay"] | None = None   # vfs works on any filesystem, NFS too
+    isolation: Literal["chroot", "oci", "rootless"] = "chroot"
+
+    @field_validator("registries_conf")
+    @classmethod
+    def _exists(cls, v: Path | None) -> Path | None:
+        if v is not None and not v.is_file():
+            raise ValueError(f"{v} is not a file: give the path of a registries.conf (containers-registries.conf(5))")
+        return v
+
+    def global_args(self) -> list[str]:
+        args = []
+        if self.storage_root is not None:
+            args += ["--root", str(self.storage_root), "--runroot", str(self.storage_root / "run")]
+        if self.storage_driver is not None:
+            args += ["--storage-driver", self.storage_driver]
+        return args
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.registries_conf is not None:
+            env["CONTAINERS_REGISTRIES_CONF"] = str(self.registries_conf.resolve())
+        return env
+
+
+def bud_command(opts: BuildahOptions, context: Path, tag: str) -> list[str]:
+    return ["buildah", *opts.global_args(), "bud", "--isolation", opts.isolation, "-f", str(context / DOCKERFILE),
+            "-t", tag, str(context)]
+
+
+def push_command(opts: BuildahOptions, tag: str, archive: Path) -> list[str]:
+    return ["buildah", *opts.global_args(), "push", tag, f"oci-archive:{archive}"]
+
+
+def network_failures(log: str) -> list[tuple[str, str]]:
+    """(the step, the line) for each step of a buildah log that could not reach the network."""
+    step, out = "before the first step", []
+    for line in log.splitlines():
+        m = _STEP.match(line)
+        if m:
+            step = f"step {m.group(1)}/{m.group(2)} ({m.group(3)})"
+        elif NETWORK_ERRORS.search(line) and (not out or out[-1][0] != step):
+            out.append((step, line.strip()))
+    return out
+
+
+def failed_step(log: str) -> str | None:
+    """The step a failed buildah build was at: its last `STEP n/m: ...` line."""
+    steps = [m for m in map(_STEP.match, log.splitlines()) if m]
+    return f"step {steps[-1].group(1)}/{steps[-1].group(2)} ({steps[-1].group(3)})" if steps else None
+
+
+def build_environment(context: Path, key: str, cache: ImageCache, fmt: Format = "rootfs",
+                      opts: BuildahOptions | None = None, fakeroot: bool = False,
+                      what: str | None = None) -> tuple[Entry, bool]:
+    """The cache entry of the image built from `context` (a directory with a Dockerfile), whose build
+    key is `key`; True if this call built it. A failure raises ImageError naming `what` is built (default:
+    the Dockerfile), the step and the log."""
+    opts = opts or BuildahOptions()
+    what = what or str(context / DOCKERFILE)
+    label = built_image_name(key)
+    found = cache.find(label, fmt)
+    if found is not None:
+        return found, False
+    require_tool("buildah", f"building {what}")
+    hexkey = key.partition(":")[2]
+    tag = f"localhost/agentrl-build:{hexkey}"
+    log = cache.root / "logs" / f"{hexkey}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    archive = cache.root / ".pulls" / f"{hexkey}-{os.getpid()}-{os.urandom(4).hex()}.tar"
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with log.open("w") as out:
+            code = subprocess.run(bud_command(opts, context, tag), stdout=out, stderr=subprocess.STDOUT,
+                                  env=opts.env(), stdin=subprocess.DEVNULL).returncode
+        text = log.read_text(errors="replace")
+        offline = network_failures(text)
+        if code != 0:
+            where = failed_step(text) or "before the first step"
+            hint = f"; it could not reach the network ({offline[-1][1]})" if offline else ""
+            raise ImageError(f"building {what} failed at {where} (exit {code}){hint}: see {log}")
+        if offline:
+            steps = "; ".join(f"{step}: {line}" for step, line in offline)
+            raise ImageError(f"building {what}: {steps}. The step exited 0 (a pipeline's status is "
+                             "its last command's), so the image would lack what it downloads: build on a node "
+                             f"with network access, or through a mirror that serves it. Log: {log}")
+        with log.open("a") as out:
+            code = subprocess.run(push_command(opts, tag, archive), stdout=out, stderr=subprocess.STDOUT,
+                                  env=opts.env(), stdin=subprocess.DEVNULL).returncode
+        if code != 0:
+            raise ImageError(f"exporting the image of {what} (buildah push) failed "
+                             f"(exit {code}): see {log}")
+        return build_image(archive, cache, fmt, fakeroot=fakeroot, label=label)
+    finally:
+        archive.unlink(missing_ok=True)
+        if shutil.which("buildah"):     # the archive is in the cache now; buildah keeps the base layers
+            subprocess.run(["buildah", *opts.global_args(), "rmi", tag], capture_output=True, env=opts.env())

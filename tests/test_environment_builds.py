@@ -1,0 +1,210 @@
+"""A Harbor task whose Dockerfile needs a build, end to end with real parts: a loopback OCI registry
+(Debian's docker-registry) standing in for Docker Hub behind a site mirror config, a base image
+made offline from the host's programs, buildah, the image cache, and grading in bwrap.
+
+The Dockerfile's `FROM swebench/...:latest` is left as Harbor's SWE-bench tasks write it and
+resolves through the registries.conf; the image's ENV must reach the grader.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from oci_builder import dir_entries, write_oci_layout
+
+from agentrl.swe.environments import environment_builds
+from agentrl.swe.harbor import convert_task
+from hpc.images.cache import ImageCache
+from hpc.images.hostroot import build_host_rootfs
+from hpc.launch.distenv import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = "swebench/sweb.eval.x86_64.demo__demo-1:latest"
+TOOLS = ("docker-registry", "buildah", "skopeo", "bwrap")
+pytestmark = pytest.mark.skipif(
+    any(shutil.which(t) is None for t in TOOLS) or os.geteuid() != 0,
+    reason=f"needs {', '.join(TOOLS)} (make sysdeps installs them) and root (buildah's chroot isolation, "
+           "bwrap's overlay mounts)")
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    """docker-registry on 127.0.0.1, without systemd, stopped by pid."""
+    work = tmp_path_factory.mktemp("registry")
+    port = free_port()
+    (work / "config.yml").write_text(
+        f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {work / 'data'}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n  secret: agentrl-test\n")
+    proc = subprocess.Popen(["docker-registry", "serve", str(work / "config.yml")], stdout=subprocess.DEVNULL,
+                            stderr=open(work / "registry.log", "wb"), start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v2/", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, (work / "registry.log").read_text()
+            time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def mirror(registry, tmp_path_factory):
+    """Docker Hub's swebench/ images served by the loopback registry, as a site's mirror serves them:
+    the base (the host's programs, curl among them) is pushed there, and a registries.conf says where."""
+    work = tmp_path_factory.mktemp("base")
+    build_host_rootfs(work / "rootfs", extra_bins=("curl",))
+    write_oci_layout(work / "layout", [dir_entries(work / "rootfs")], compression=[None])
+    subprocess.run(["skopeo", "copy", "--dest-tls-verify=false", f"oci:{work / 'layout'}",
+                    f"docker://{registry}/{BASE}"], check=True, capture_output=True)
+    conf = work / "registries.conf"
+    conf.write_text('unqualified-search-registries = ["docker.io"]\n\n[[registry]]\nprefix = "docker.io/swebench"\n'
+                    f'location = "{registry}/swebench"\ninsecure = true\n')
+    return conf
+
+
+DOCKERFILE = f"""FROM {BASE}
+WORKDIR /testbed
+ENV IMAGE_MARK=from-the-dockerfile PATH="/opt/tools/bin:$PATH"
+RUN mkdir -p /logs /opt/tools/bin && printf '#!/bin/sh\\necho hello\\n' > /opt/tools/bin/greet \\
+    && chmod +x /opt/tools/bin/greet
+COPY repo/ /testbed/
+COPY setup.sh /opt/setup.sh
+RUN /opt/setup.sh
+USER 1000
+"""
+
+
+def harbor_task(dest: Path, dockerfile: str) -> Path:
+    """roman-subtractive with its repository in an image built from a Dockerfile, and a grader that
+    fails unless the image's ENV reached it."""
+    shutil.copytree(ROOT / "tasks" / "roman-subtractive", dest)
+    toml = dest / "task.toml"
+    toml.write_text(toml.read_text().replace('docker_image = "host"\nworkdir = "/testbed"\n', ""))
+    (dest / "environment" / "Dockerfile").write_text(dockerfile)
+    (dest / "environment" / "setup.sh").write_text("#!/bin/sh\nset -e\ntouch /opt/setup-ran\n")
+    (dest / "environment" / "setup.sh").chmod(0o755)
+    test_sh = dest / "tests" / "test.sh"
+    test_sh.write_text(test_sh.read_text().replace(
+        'cd "$TESTBED" || exit 2\n',
+        'cd "$TESTBED" || exit 2\n[ "$IMAGE_MARK" = from-the-dockerfile ] && [ "$(greet)" = hello ] '
+        '&& [ -e /opt/setup-ran ] || exit 3\n', 1))
+    return dest
+
+
+def images_build(*args, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agentrl.cli", "images", "build", *map(str, args)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+
+
+def test_a_harbor_dockerfile_is_built_through_a_mirror_and_graded_in_bwrap(mirror, tmp_path):
+    task = harbor_task(tmp_path / "tasks" / "roman-in-image", DOCKERFILE)
+    prompts = tmp_path / "prompts.jsonl"
+    subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(task.parent), "--out", str(prompts)],
+                   check=True, capture_output=True, cwd=ROOT)
+    record = json.loads(prompts.read_text())
+    (build,) = environment_builds([record]).values()
+    assert record["metadata"]["image"] == f"dockerfile:{build.key}" and record["metadata"]["workdir"] == "/testbed"
+    assert build.executable == {"setup.sh"}
+
+    cache = tmp_path / "cache"
+    storage = ["--registries-conf", mirror, "--storage-root", tmp_path / "buildah", "--storage-driver", "vfs"]
+    first = images_build(prompts, "--cache", cache, *storage)
+    assert first.returncode == 0, first.stderr
+    assert "1 built, 0 cached, 0 failed" in first.stderr
+    again = images_build(task.parent, "--cache", cache, *storage)       # the task directory names the same build
+    assert again.returncode == 0 and "0 built, 1 cached, 0 failed" in again.stderr, again.stderr
+
+    entry = ImageCache(cache).find(f"dockerfile:{build.key}", "rootfs")
+    assert entry is not None and entry.record.user == "1000" and entry.record.workdir == "/testbed"
+    assert entry.record.env["IMAGE_MARK"] == "from-the-dockerfile"
+    assert entry.record.env["PATH"].startswith("/opt/tools/bin:")
+
+    check = subprocess.run([sys.executable, "-m", "agentrl.cli", "tasks", "check", str(prompts), "--runtime",
+                            "bwrap", "--image-cache", str(cache), "--json"],
+                           capture_output=True, text=True, timeout=600, cwd=ROOT)
+    row = json.loads(check.stdout.strip().splitlines()[-1])["tasks"][0]
+    assert check.returncode == 0, (row, check.stderr[-2000:])
+    assert (row["oracle_reward"], row["noop_reward"]) == (1.0, 0.0)
+
+
+def test_a_download_that_cannot_reach_the_network_fails_the_build_though_its_step_exits_0(mirror, tmp_path):
+    """Harbor's SWE-bench template, verbatim, built on a node without network: `curl | sh` exits with sh's
+    status, 0, and the image would lack uv; the build must fail, naming the step and what curl said."""
+    template = (f"FROM {BASE}\nWORKDIR /testbed\nRUN curl -LsSf https://astral.sh/uv/0.7.13/install.sh | sh\n"
+                "RUN mkdir -p /logs\n")
+    task = harbor_task(tmp_path / "tasks" / "swebench-template", template)
+    storage = ["--registries-conf", mirror, "--storage-root", tmp_path / "buildah", "--storage-driver", "vfs"]
+    # The base comes from the mirror first (a login node's job); then the build runs without a network.
+    subprocess.run(["buildah", "--root", tmp_path / "buildah", "--runroot", tmp_path / "buildah" / "run",
+                    "--storage-driver", "vfs", "pull", BASE], check=True, capture_output=True,
+                   env={**os.environ, "CONTAINERS_REGISTRIES_CONF": str(mirror)})
+    offline = tmp_path / "offline-bin"
+    offline.mkdir()
+    (offline / "buildah").write_text(f'#!/bin/sh\nexec unshare --net {shutil.which("buildah")} "$@"\n')
+    (offline / "buildah").chmod(0o755)
+    r = images_build(task, "--cache", tmp_path / "cache", *storage,
+                     env={**os.environ, "PATH": f"{offline}{os.pathsep}{os.environ['PATH']}"})
+    assert r.returncode == 1 and "0 built, 0 cached, 1 failed" in r.stderr, r.stderr
+    assert re.search(r"step 3/4 \(RUN curl -LsSf https://astral.sh/uv/0.7.13/install.sh \| sh\): curl: \(\d+\) "
+                     r"Could not resolve host: astral.sh", r.stderr), r.stderr
+    assert "exited 0" in r.stderr and "build on a node with network access" in r.stderr
+    assert not list((tmp_path / "cache").glob("rootfs/sha256-*")), "a build that lacks its download is never cached"
+    log = re.search(r"Log: (\S+\.log)", r.stderr).group(1)
+    assert "Could not resolve host" in Path(log).read_text()
+
+
+def test_the_build_context_of_a_record_is_checked_against_its_key(tmp_path):
+    record = convert_task(harbor_task(tmp_path / "t", DOCKERFILE))
+    (build,) = environment_builds([record]).values()
+    forged = json.loads(json.dumps(record))
+    forged["metadata"]["harbor"]["environment_build"]["executable"] = []   # same files, another build
+    with pytest.raises(ValueError, match="is not the content's"):
+        environment_builds([forged])
+    escape = json.loads(json.dumps(record))
+    files = escape["metadata"]["harbor"]["environment_build"]["files"]
+    files["../../etc/cron.d/x"] = files.pop("setup.sh")
+    with pytest.raises(ValueError, match="has a '..' component"):
+        environment_builds([escape])
+
+
+@pytest.mark.slurm
+def test_a_data_set_builds_as_a_slurm_array_that_resumes_and_names_what_failed(mirror, tmp_path, slurm_env):
+    """Three tasks, two environments (two tasks share one Dockerfile) and one that cannot build: the
+    array builds each environment once; submitted again, it builds nothing that is cached."""
+    tasks = tmp_path / "tasks"
+    harbor_task(tasks / "a", DOCKERFILE)
+    harbor_task(tasks / "b", DOCKERFILE)                       # the same context: the same build
+    harbor_task(tasks / "c", DOCKERFILE.replace("RUN /opt/setup.sh", "RUN /opt/setup.sh && exit 7"))
+    cache = tmp_path / "cache"
+    args = [tasks, "--cache", cache, "--registries-conf", mirror, "--storage-root", tmp_path / "buildah",
+            "--storage-driver", "vfs", "--slurm", "--parallelism", "2"]
+    env = {**slurm_env, "AGENTRL_PYTHON": sys.executable}
+    r = images_build(*args, env=env)
+    assert r.returncode == 1, r.stderr
+    assert "0 of 2 builds are cached already" in r.stderr and "1 built, 0 cached, 1 failed, 0 remaining" in r.stderr
+    failed = re.search(r"FAILED dockerfile:\w+ \(task c\): (.*)", r.stderr)
+    assert failed, r.stderr
+    assert failed.group(1).startswith("building the environment of task c (environment/Dockerfile) failed at "
+                                      "step 7/8 (RUN /opt/setup.sh && exit 7) (exit 7)"), r.stderr
+    log = re.search(r"see (\S+\.log)", failed.group(1)).group(1)
+    assert "exit status 7" in Path(log).read_text()
+    # Submitted again: the built one is not submitted, the failed one is tried again (and fails again)
+    again = images_build(*args, env=env)
+    assert "1 of 2 builds are cached already" in again.stderr and "0 built, 0 cached, 1 failed" in again.stderr
+    (build_a, build_c) = environment_builds([convert_task(tasks / "a"), convert_task(tasks / "c")]).values()
+    assert ImageCache(cache).find(f"dockerfile:{build_a.key}", "rootfs") is not None
+    assert ImageCache(cache).find(f"dockerfile:{build_c.key}", "rootfs") is None

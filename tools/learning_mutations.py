@@ -1,13 +1,14 @@
 """Break the learning signal on purpose and see whether tests/test_learning.py notices.
 
-    python tools/learning_mutations.py [--only NAME,...] [--prepared WORK] [--unskip] [--keep]
+    python tools/learning_mutations.py [--only NAME,...] [--prepared WORK] [--keep]
 
 Each mutation is one textual change to the code, applied to a copy of this working tree (never to
 the tree itself); the learning test then runs against the copy (PYTHONPATH puts it first, so the
 agentrl commands the test starts import it too). A mutation is caught when the test fails. "none"
 runs the unchanged copy first, which must pass; the stages before GRPO it made are reused by every
 mutant (AGENTRL_LEARNING_WORK). One line per mutation: caught or MISSED, and the preference the
-test measured. Exit 1 when the unchanged copy fails or a mutation is missed.
+test measured. Exit 1 when the unchanged copy fails or a mutation the test claims is missed
+(NOT_CLAIMED names the test that catches each of the others).
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ MUTATIONS: dict[str, tuple[str, str, str]] = {
 }
 
 
+# Mutations the learning test does not claim to catch, and the test that does: with the loss mask one
+# token off, GRPO at this scale learns as well as without it (docs/learning.md, "The CI test").
+NOT_CLAIMED = {"loss mask shifted by one token": "tests/test_train_tensors.py"}
+
+
 def copy_tree(dst: Path) -> None:
     ignore = shutil.ignore_patterns(".venv", ".cache", "runs", ".git", "__pycache__", ".pytest_cache", "*.egg-info",
                                     ".agent-clis", ".hypothesis")
@@ -66,17 +72,6 @@ def mutate(tree: Path, name: str) -> None:
     path.write_text(text.replace(old, new))
 
 
-def unskip(tree: Path) -> None:
-    """Drop the test's own `pytest.mark.skip` (while it is not calibrated) from the copy."""
-    path = tree / TEST
-    text = path.read_text()
-    start = text.find("    pytest.mark.skip(reason=")
-    if start < 0:
-        return
-    end = text.index("]\n", start)
-    path.write_text(text[:start] + text[end:])
-
-
 def run_test(tree: Path, work: Path) -> tuple[bool, str]:
     env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "AGENTRL_LEARNING_WORK": str(work)}
@@ -85,10 +80,10 @@ def run_test(tree: Path, work: Path) -> tuple[bool, str]:
     lines = [line for line in (r.stdout + r.stderr).splitlines() if line.strip()]
     if lines and " skipped" in lines[-1] and " passed" not in lines[-1] and " failed" not in lines[-1]:
         raise SystemExit(f"learning_mutations: {TEST} was skipped ({lines[-1]}), so it measured nothing: "
-                         f"give --unskip to run it while it is not calibrated")
+                         f"run it where it can run (bubblewrap, root)")
     # What the test printed (never a traceback's source line, which has the f-string's braces)
     found = []
-    for pattern in (r"training reward by rollout: \[[^]]*\]", r"preference for passing plans: -?\d.*"):
+    for pattern in (r"training reward by rollout: \[[^]]*\]", r"preference for passing attempts: -?\d.*"):
         hits = [m.group(0) for m in map(re.compile(pattern).search, lines) if m]
         found += hits[-1:]
     return r.returncode == 0, "; ".join(found)[:300] or lines[-1]
@@ -98,8 +93,6 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="learning_mutations.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--only", help="comma-separated mutation names (default: all)")
     p.add_argument("--keep", action="store_true", help="keep the mutated copies (their paths are printed)")
-    p.add_argument("--unskip", action="store_true",
-                   help="run the test even though it is marked skipped (not calibrated yet)")
     p.add_argument("--prepared", type=Path,
                    help="a work directory of the learning test whose stages before GRPO are done (its runs/ is "
                         "not used): skips preparing them with the unchanged copy")
@@ -113,16 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     # copy, and copied to each mutant: no mutation touches it.
     prepared = Path(tempfile.mkdtemp(prefix="agentrl-learning-"))
     if args.prepared:
-        if not (args.prepared / "probe-pairs" / "summary.json").exists():
-            p.error(f"{args.prepared} holds no prepared learning test (no probe-pairs/summary.json): run the test "
+        if not (args.prepared / "probe-policy" / "summary.json").exists():
+            p.error(f"{args.prepared} holds no prepared learning test (no probe-policy/summary.json): run the test "
                     f"with AGENTRL_LEARNING_WORK={args.prepared} first")
         shutil.copytree(args.prepared, prepared / "unchanged", ignore=shutil.ignore_patterns("runs"))
     for name in ["none", *(n for n in names if n != "none")]:
         tree = Path(tempfile.mkdtemp(prefix="agentrl-mutant-")) / "tree"
         copy_tree(tree)
         mutate(tree, name)
-        if args.unskip:
-            unskip(tree)
         work = prepared / "unchanged" if name == "none" else prepared / name.replace(" ", "-")
         if name != "none":
             shutil.copytree(prepared / "unchanged", work, ignore=shutil.ignore_patterns("runs"))
@@ -131,8 +122,9 @@ def main(argv: list[str] | None = None) -> int:
             verdict = "passes" if passed else "FAILS UNCHANGED"
             failed |= not passed
         else:
-            verdict = "MISSED" if passed else "caught"
-            failed |= passed
+            verdict = "caught" if not passed else f"missed (see {NOT_CLAIMED[name]})" if name in NOT_CLAIMED \
+                else "MISSED"
+            failed |= passed and name not in NOT_CLAIMED
         print(f"{name:48s} {verdict:16s} {why}", flush=True)
         if args.keep:
             print(f"    {tree}")

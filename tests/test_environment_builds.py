@@ -133,6 +133,18 @@ def test_a_harbor_dockerfile_is_built_through_a_mirror_and_graded_in_bwrap(mirro
     assert entry.record.env["IMAGE_MARK"] == "from-the-dockerfile"
     assert entry.record.env["PATH"].startswith("/opt/tools/bin:")
 
+    assert_graded_in_bwrap(prompts, cache)
+
+    # The same image stored as layers (the base's once, whichever images share it), stacked by the sandbox
+    layered = images_build(prompts, "--cache", cache, "--format", "layers", *storage)
+    assert layered.returncode == 0 and "1 built" in layered.stderr, layered.stderr
+    stack = ImageCache(cache).find(f"dockerfile:{build.key}", "layers")
+    assert len(ImageCache(cache).layer_dirs(stack)) == 2      # the base's, and the build's (buildah commits one)
+    shutil.rmtree(entry.path)                                 # the flattened rootfs cannot be what runs
+    assert_graded_in_bwrap(prompts, cache)
+
+
+def assert_graded_in_bwrap(prompts: Path, cache: Path) -> None:
     check = subprocess.run([sys.executable, "-m", "agentrl.cli", "tasks", "check", str(prompts), "--runtime",
                             "bwrap", "--image-cache", str(cache), "--json"],
                            capture_output=True, text=True, timeout=600, cwd=ROOT)

@@ -463,3 +463,30 @@ def test_the_agentrl_images_build_command(layers, tmp_path, capsys):
     t0 = time.monotonic()
     assert main(["images", "build", str(src), "--cache", str(tmp_path / "cache")]) == 0
     assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the layers format and an overlay mount need root")
+def test_the_layers_format_stacks_to_the_same_tree_and_keeps_a_shared_layer_once(layers, tmp_path):
+    cache = ImageCache(tmp_path / "cache")
+    first = _source("oci-layout", layers, tmp_path / "a")
+    second_layers = [*layers[:2], [E("opt/app/other.txt", data=b"other\n")]]    # the same base, its own top
+    write_oci_layout(tmp_path / "b", second_layers, ["gzip", "gzip", None])
+    entry, built = build_image(first, cache, "layers")
+    assert built and entry.payload.read_text().count("\n") == 3
+    assert build_image(first, cache, "layers")[1] is False
+    entry_b, _ = build_image(tmp_path / "b", cache, "layers")
+    assert len(cache.list("layer")) == 4            # three layers, and the second image's own top: the base once
+    merged = tmp_path / "merged"
+    for e, expected in ((entry, EXPECTED), (entry_b, None)):
+        merged.mkdir()
+        lowers = ":".join(map(str, cache.layer_dirs(e)))
+        subprocess.run(["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={lowers}", str(merged)], check=True)
+        try:
+            tree = snapshot(merged)
+        finally:
+            subprocess.run(["umount", str(merged)], check=True)
+        merged.rmdir()
+        if expected is not None:
+            assert tree == expected                  # whiteouts, an opaque directory, a dir over a file
+        else:
+            assert tree["opt/app/other.txt"] == ("f", 0o644, b"other\n") and "bin/sh-link" in tree

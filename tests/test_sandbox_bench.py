@@ -88,3 +88,20 @@ def test_quick_run_reports_figures_beside_baselines(runnable, tmp_path):
 def test_bad_arguments_are_refused(args, message):
     p = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and message in p.stderr, p.stderr
+
+
+IMAGE_BENCH = BENCH.parent / "image_bench.py"
+
+
+def test_the_image_bench_stores_a_shared_base_once_and_starts_sandboxes_on_the_stack(runnable, tmp_path):
+    p = subprocess.run([sys.executable, str(IMAGE_BENCH), "--images", "3", "--base-mib", "20", "--rounds", "2",
+                        "--json", "--dir", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = json.loads(p.stdout)
+    disk, start = out["storage"], out["start"]
+    assert disk["unique_layers"] == 4                              # one base, three tops
+    # three flattened copies of the base against one: well under half, and close to the layers' own bytes
+    assert disk["ratio"] < 0.5 and disk["layers_over_unique"] < 1.1, disk
+    assert disk["ratio"] == _approx(disk["figure_layers_bytes"] / disk["baseline_flattened_bytes"])
+    assert start["figure_layers_p50_s"] > 0 and start["baseline_flattened_p50_s"] > 0
+    assert start["ratio"] == _approx(start["figure_layers_p50_s"] / start["baseline_flattened_p50_s"])

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from hpc.images.cache import Entry, ImageCache
+from hpc.images.cache import CacheError, Entry, ImageCache
 from hpc.images.dockerfile import BUILT_PREFIX
 from hpc.sandbox.base import Sandbox, SandboxError, SandboxSpec
 from hpc.sandbox.factory import Runtime, make_sandbox
@@ -34,18 +34,28 @@ def resolve_image(image: str, runtime: Runtime, cache: ImageCache | None) -> str
     return _resolve(image, runtime, cache)[0]
 
 
-def _resolve(image: str, runtime: Runtime, cache: ImageCache | None) -> tuple[str | None, dict[str, str]]:
-    """(what the runtime runs, the image's ENV): an image from the cache brings its config's."""
+def _resolve(image: str, runtime: Runtime, cache: ImageCache | None
+             ) -> tuple[str | None, dict[str, str], tuple[str, ...]]:
+    """(what the runtime runs, the image's ENV, its layer directories top first if it is stored as layers):
+    an image from the cache brings its config's ENV."""
     if image == HOST_IMAGE or runtime == "local":
-        return None, {}
+        return None, {}, ()
     if runtime == "bwrap" and os.path.isdir(os.path.join(image, "usr")):
-        return image, {}                  # an extracted rootfs
+        return image, {}, ()              # an extracted rootfs
     if runtime == "apptainer" and (image.endswith(".sif") or os.path.isdir(os.path.join(image, "usr"))) \
             and os.path.exists(image):
-        return image, {}                  # a SIF or a sandbox directory
+        return image, {}, ()              # a SIF or a sandbox directory
     # a registry reference, an OCI layout, an archive or a task's Dockerfile: built into the cache
-    entry = _cached(os.path.abspath(image) if os.path.exists(image) else image, runtime, cache)
-    return str(entry.payload), dict(entry.record.env)
+    name = os.path.abspath(image) if os.path.exists(image) else image
+    layered = cache.find(name, "layers") if cache is not None and runtime == "bwrap" else None
+    if layered is not None:
+        try:
+            dirs = tuple(map(str, cache.layer_dirs(layered)))
+        except CacheError as e:
+            raise SandboxError(str(e)) from None
+        return str(layered.payload), dict(layered.record.env), dirs
+    entry = _cached(name, runtime, cache)
+    return str(entry.payload), dict(entry.record.env), ()
 
 
 def _cached(image: str, runtime: Runtime, cache: ImageCache | None) -> Entry:
@@ -72,9 +82,10 @@ def task_sandbox(spec: TaskSpec, *, runtime: Runtime = "bwrap", cache: ImageCach
                  ro_binds: Mapping[str, str] | None = None, allow_unsafe_local: bool = False,
                  fakeroot: bool = False) -> Sandbox:
     """The (unstarted) sandbox for one attempt at `spec`."""
-    image, image_env = _resolve(spec.image, runtime, cache)
+    image, image_env, layers = _resolve(spec.image, runtime, cache)
     sb_spec = SandboxSpec(workdir=spec.workdir, workdir_source=str(workdir_source) if workdir_source else None,
-                          rootfs=image if runtime == "bwrap" else None, image_env=image_env, env=dict(env or {}),
+                          rootfs=image if runtime == "bwrap" and not layers else None, rootfs_layers=layers,
+                          image_env=image_env, env=dict(env or {}),
                           ro_binds=dict(ro_binds or {}), adapter_socket=adapter_socket, scratch_dir=scratch_dir,
                           limits=sandbox_limits(spec.resources), root_dirs=GRADER_DIRS)
     return make_sandbox(runtime, sb_spec, image=image if runtime == "apptainer" else None,

@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .cache import FORMATS, CacheError, Entry, ImageCache
-from .extract import extract_image
-from .oci import ImageError, open_image, runtime_config
+from .extract import extract_image, extract_layer
+from .oci import Image, ImageError, open_image, runtime_config
 
 _COMPONENT = r"[a-z0-9]+(?:[._-]+[a-z0-9]+)*"
 _REF = re.compile(rf"^{_COMPONENT}(?::\d+)?(?:/{_COMPONENT})*(?::\w[\w.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?$")
@@ -111,6 +111,8 @@ def build_image(source: str | Path, cache: ImageCache, fmt: str = "rootfs", ref:
         if fmt == "rootfs":
             def build(payload: Path) -> None:
                 extract_image(image, payload)
+        elif fmt == "layers":
+            build = _layered(image, cache, label)
         else:
             uri = apptainer_uri(source, image.kind, ref)
 
@@ -119,6 +121,21 @@ def build_image(source: str | Path, cache: ImageCache, fmt: str = "rootfs", ref:
                 _run(apptainer_build_command(payload, uri, fakeroot), f"building {payload.name} from {source}")
         return cache.build_or_get(image.image_id, fmt, label, build, image.manifest_digest,
                                   runtime_config(image.config, f"{source}: config {image.image_id}"))
+
+
+def _layered(image: Image, cache: ImageCache, label: str) -> Callable[[Path], None]:
+    """The build of a "layers" entry: each layer of `image` a "layer" entry of its own (kept once,
+    whichever images share it), and the entry the list of their diff ids, lowest first."""
+    missing = [layer.name for layer in image.layers if not layer.diff_id]
+    if missing:
+        raise ImageError(f"{image.source}: layers without a diff_id in the image config ({missing[0]}...): "
+                         "build it as --format rootfs")
+
+    def build(payload: Path) -> None:
+        for layer in image.layers:
+            cache.build_or_get(layer.diff_id, "layer", label, functools.partial(extract_layer, layer))
+        payload.write_text("".join(f"{layer.diff_id}\n" for layer in image.layers))
+    return build
 
 
 def _build_reference(ref: str, cache: ImageCache, fmt: str, fakeroot: bool,
@@ -186,7 +203,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "whose Dockerfiles it builds")
     p.add_argument("--cache", required=True, help="the image cache directory (on the shared filesystem)")
     p.add_argument("--format", choices=FORMATS, default="rootfs",
-                   help="rootfs: a directory for bubblewrap (default); sif: an Apptainer image (needs apptainer)")
+                   help="rootfs: a directory for bubblewrap (default); layers: for bubblewrap too, each layer "
+                        "stored once, whichever images share it (needs root); sif: an Apptainer image "
+                        "(needs apptainer)")
     p.add_argument("--fakeroot", action="store_true", help="pass --fakeroot to apptainer build")
     p.add_argument("--registries-conf", type=Path, metavar="FILE",
                    help="a registries.conf (containers-registries.conf(5)) naming the site's registry mirrors")

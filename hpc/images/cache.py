@@ -32,10 +32,12 @@ from hpc.records import Record, RecordError, read_record, write_record
 
 from .oci import check_digest
 
-FORMATS = ("rootfs", "sif")
-Format = Literal["rootfs", "sif"]
+FORMATS = ("rootfs", "sif", "layers")     # what `agentrl images build --format` makes
+Format = Literal["rootfs", "sif", "layers", "layer"]
 RECORD = "image.json"
-PAYLOAD = {"rootfs": "rootfs", "sif": "image.sif"}
+# layers: a text file of the image's layers (diff ids, lowest first), each a "layer" entry: a directory
+# in overlayfs form (whiteouts as 0/0 devices, opaque directories by xattr) that a sandbox stacks
+PAYLOAD = {"rootfs": "rootfs", "sif": "image.sif", "layers": "layers", "layer": "tree"}
 STALE_S = 6 * 3600  # a temp dir untouched this long on another host is an abandoned build
 
 
@@ -106,7 +108,7 @@ class ImageCache:
         self.root, self.stale_s = Path(root), stale_s
 
     def entry_path(self, digest: str, fmt: Format) -> Path:
-        if fmt not in FORMATS:
+        if fmt not in PAYLOAD:
             raise CacheError(f"unknown image format {fmt!r} (one of {', '.join(FORMATS)})")
         return self.root / fmt / _dirname(digest)
 
@@ -142,6 +144,18 @@ class ImageCache:
             raise CacheError(f"unknown image format {fmt!r} (one of {', '.join(FORMATS)})")
         hits = [e for e in self.list(fmt) if e.record.source == source]
         return max(hits, key=lambda e: e.record.created, default=None)
+
+    def layer_dirs(self, entry: Entry) -> list[Path]:
+        """The layer directories of a "layers" entry, top first (as overlayfs's lowerdir lists them)."""
+        diff_ids = entry.payload.read_text().split()
+        dirs = []
+        for diff_id in reversed(diff_ids):
+            layer = self.lookup(diff_id, "layer")
+            if layer is None:
+                raise CacheError(f"{entry.path}: its layer {diff_id} is not in the cache (removed by hand?): "
+                                 f"remove {entry.path} and build the image again")
+            dirs.append(layer.payload)
+        return dirs
 
     def _aside(self, path: Path) -> Path | None:
         """Rename `path` to a private trash name (atomic), or None if it is gone already."""

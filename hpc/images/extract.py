@@ -273,3 +273,38 @@ def extract_image(image: Image, rootfs: Path, progress=None) -> Stats:
             progress(layer)
     applier.finish()
     return stats
+
+
+class _OverlayApplier(_Applier):
+    """One layer on its own, in the form overlayfs stacks: a whiteout becomes a 0/0 character device
+    and an opaque directory gets the trusted.overlay.opaque xattr (both need root, as the mount does)."""
+
+    def _whiteout(self, parts: list[str], where: str, this_layer: set[str]) -> None:
+        self.stats.whiteouts += 1
+        base, parent = parts[-1], _parent(self.root, parts, where, create=True)
+        if base == OPAQUE:
+            os.setxattr(parent, "trusted.overlay.opaque", b"y")
+            return
+        victim = base[len(WHITEOUT):]
+        if victim in ("", ".", "..") or victim.startswith(WHITEOUT):
+            raise ImageError(f"{where}: invalid whiteout {'/'.join(parts)!r}")
+        rel = "/".join([*parts[:-1], victim])
+        if rel not in this_layer:          # a whiteout hides lower layers' entries only
+            os.mknod(parent / victim, stat.S_IFCHR | 0o600, os.makedev(0, 0))
+
+
+def extract_layer(layer: Layer, tree: Path) -> Stats:
+    """One layer into the empty or missing directory `tree`, in overlayfs form (see _OverlayApplier)."""
+    if os.geteuid() != 0:
+        raise ImageError(f"{layer.name}: the layers format needs root (its whiteouts are device nodes, as "
+                         "overlayfs has them): build --format rootfs instead")
+    tree = Path(tree)
+    tree.mkdir(parents=True, exist_ok=True)
+    if any(tree.iterdir()):
+        raise ImageError(f"{tree}: extraction needs an empty directory")
+    tree.chmod(0o755)
+    stats = Stats()
+    applier = _OverlayApplier(tree, stats)
+    apply_layer(layer, applier)
+    applier.finish()
+    return stats

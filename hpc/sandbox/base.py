@@ -44,6 +44,9 @@ class SandboxSpec:
     workdir: str = "/testbed"
     workdir_source: str | None = None
     rootfs: str | None = None
+    # The image as a stack of layer directories instead, top first (the cache's "layers" format):
+    # overlayfs stacks them, so images that share a base share its files on disk
+    rootfs_layers: tuple[str, ...] = ()
     image_env: Mapping[str, str] = field(default_factory=dict)   # the image's ENV (its OCI config)
     env: Mapping[str, str] = field(default_factory=dict)
     # Host path -> sandbox path, read-only (agent CLIs, a tools directory).

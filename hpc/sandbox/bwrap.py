@@ -93,17 +93,22 @@ class BwrapSandbox(SandboxContext):
         """The supervisor's config: the layers to mount, the image's root to prepare, bwrap's argv."""
         spec = self.spec
         layers, rootfs_host, workdir_host, etc_host = [], None, None, None
-        if spec.rootfs:
-            if not os.path.isdir(spec.rootfs):
-                raise SandboxError(f"the image {spec.rootfs} is not a directory")
+        lowers = list(spec.rootfs_layers) or ([spec.rootfs] if spec.rootfs else [])
+        for lower in lowers:
+            if not os.path.isdir(lower):
+                raise SandboxError(f"the image {lower} is not a directory")
+            if ":" in lower or "," in lower:     # overlayfs's lowerdir= separators
+                raise SandboxError(f"the image {lower} has ':' or ',' in its path, which an overlay mount "
+                                   "cannot name: move the image cache to a path without them")
+        if lowers:
             rootfs_host = str(scratch / "root")
-            layers.append({"source": spec.rootfs, "merged": rootfs_host, "owner": None})
+            layers.append({"source": ":".join(lowers), "merged": rootfs_host, "owner": None})
         if spec.workdir_source:
             if not os.path.isdir(spec.workdir_source):
                 raise SandboxError(f"the work tree {spec.workdir_source} is not a directory")
             workdir_host = str(scratch / "work")
             layers.append({"source": spec.workdir_source, "merged": workdir_host, "owner": AGENT_UID})
-        if not spec.rootfs:
+        if not lowers:
             etc_host = str(scratch / "etc")
             write_minimal_etc(Path(etc_host))
         for layer in layers:

@@ -83,7 +83,8 @@ RUN mkdir -p /logs /opt/tools/bin && printf '#!/bin/sh\\necho hello\\n' > /opt/t
     && chmod +x /opt/tools/bin/greet
 COPY repo/ /testbed/
 COPY setup.sh /opt/setup.sh
-RUN /opt/setup.sh
+RUN /opt/setup.sh && echo from-the-run > /opt/order
+COPY order /opt/order
 USER 1000
 """
 
@@ -97,11 +98,12 @@ def harbor_task(dest: Path, dockerfile: str) -> Path:
     (dest / "environment" / "Dockerfile").write_text(dockerfile)
     (dest / "environment" / "setup.sh").write_text("#!/bin/sh\nset -e\ntouch /opt/setup-ran\n")
     (dest / "environment" / "setup.sh").chmod(0o755)
+    (dest / "environment" / "order").write_text("from-the-copy\n")     # a COPY after a RUN wins, in order
     test_sh = dest / "tests" / "test.sh"
     test_sh.write_text(test_sh.read_text().replace(
         'cd "$TESTBED" || exit 2\n',
         'cd "$TESTBED" || exit 2\n[ "$IMAGE_MARK" = from-the-dockerfile ] && [ "$(greet)" = hello ] '
-        '&& [ -e /opt/setup-ran ] || exit 3\n', 1))
+        '&& [ -e /opt/setup-ran ] && [ "$(cat /opt/order)" = from-the-copy ] || exit 3\n', 1))
     return dest
 
 
@@ -200,7 +202,7 @@ def test_a_data_set_builds_as_a_slurm_array_that_resumes_and_names_what_failed(m
     tasks = tmp_path / "tasks"
     harbor_task(tasks / "a", DOCKERFILE)
     harbor_task(tasks / "b", DOCKERFILE)                       # the same context: the same build
-    harbor_task(tasks / "c", DOCKERFILE.replace("RUN /opt/setup.sh", "RUN /opt/setup.sh && exit 7"))
+    harbor_task(tasks / "c", DOCKERFILE.replace("RUN /opt/setup.sh", "RUN exit 7 && /opt/setup.sh"))
     cache = tmp_path / "cache"
     args = [tasks, "--cache", cache, "--registries-conf", mirror, "--storage-root", tmp_path / "buildah",
             "--storage-driver", "vfs", "--slurm", "--parallelism", "2"]
@@ -210,8 +212,9 @@ def test_a_data_set_builds_as_a_slurm_array_that_resumes_and_names_what_failed(m
     assert "0 of 2 builds are cached already" in r.stderr and "1 built, 0 cached, 1 failed, 0 remaining" in r.stderr
     failed = re.search(r"FAILED dockerfile:\w+ \(task c\): (.*)", r.stderr)
     assert failed, r.stderr
-    assert failed.group(1).startswith("building the environment of task c (environment/Dockerfile) failed at "
-                                      "step 7/8 (RUN /opt/setup.sh && exit 7) (exit 7)"), r.stderr
+    assert failed.group(1).startswith(
+        "building the environment of task c (environment/Dockerfile) failed at step 7/9 (RUN exit 7 && "
+        "/opt/setup.sh && echo from-the-run > /opt/order) (exit 7)"), r.stderr
     log = re.search(r"see (\S+\.log)", failed.group(1)).group(1)
     assert "exit status 7" in Path(log).read_text()
     # Submitted again: the built one is not submitted, the failed one is tried again (and fails again)
@@ -220,3 +223,34 @@ def test_a_data_set_builds_as_a_slurm_array_that_resumes_and_names_what_failed(m
     (build_a, build_c) = environment_builds([convert_task(tasks / "a"), convert_task(tasks / "c")]).values()
     assert ImageCache(cache).find(f"dockerfile:{build_a.key}", "rootfs") is not None
     assert ImageCache(cache).find(f"dockerfile:{build_c.key}", "rootfs") is None
+
+
+def charliecloud_missing() -> str | None:
+    from hpc.images.charliecloud import ch_image_command
+
+    if shutil.which("ch-image") is None:
+        return "charliecloud is not installed (make sysdeps installs it)"
+    r = subprocess.run([*ch_image_command(), "--version"], capture_output=True, text=True,
+                       env={**os.environ, "USER": "root"})
+    return None if r.returncode == 0 else f"ch-image does not run: {r.stderr.strip()[-200:]}"
+
+
+@pytest.mark.skipif(charliecloud_missing() is not None, reason=str(charliecloud_missing()))
+def test_charliecloud_builds_the_dockerfile_from_a_base_pulled_through_the_mirror(mirror, tmp_path):
+    task = harbor_task(tmp_path / "tasks" / "roman-ch", DOCKERFILE)
+    cache = tmp_path / "cache"
+    args = [task, "--cache", cache, "--builder", "charliecloud", "--registries-conf", mirror,
+            "--storage-root", tmp_path / "ch"]
+    r = images_build(*args)
+    assert r.returncode == 0 and "1 built, 0 cached, 0 failed" in r.stderr, r.stderr
+    entries = {e.record.source: e for e in ImageCache(cache).list("rootfs")}
+    assert BASE in entries                   # the base came through skopeo and the mirror, into the cache too
+    (build,) = environment_builds([convert_task(task)]).values()
+    built = entries[f"dockerfile:{build.key}"]
+    assert built.record.env["IMAGE_MARK"] == "from-the-dockerfile" and built.record.workdir == "/testbed"
+    assert built.record.user is None         # charliecloud ignores USER, and says so
+    prompts = tmp_path / "prompts.jsonl"
+    subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(task), "--out", str(prompts)],
+                   check=True, capture_output=True, cwd=ROOT)
+    assert_graded_in_bwrap(prompts, cache)
+    assert "0 built, 1 cached" in images_build(*args).stderr

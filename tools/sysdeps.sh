@@ -11,13 +11,17 @@ declare -A pkg=(
   [bwrap]=bubblewrap
   [mpirun]=openmpi-bin [mpicc]=libopenmpi-dev
   [shellcheck]=shellcheck
-  [buildah]=buildah [skopeo]=skopeo [docker-registry]=docker-registry
+  [buildah]=buildah [skopeo]=skopeo [docker-registry]=docker-registry [ch-image]=charliecloud-builders
 )
 missing=()
 for cmd in "${!pkg[@]}"; do command -v "$cmd" >/dev/null || missing+=("$cmd"); done
 # The bwrap sandboxes' supervisor runs on the system Python with libseccomp's binding.
 pkg[python3-seccomp]=python3-seccomp
 /usr/bin/python3 -c 'import seccomp' 2>/dev/null || missing+=(python3-seccomp)
+# charliecloud's ch-image runs on the system Python too, with Debian's lark and requests.
+pkg[python3-lark]=python3-lark pkg[python3-requests]=python3-requests
+/usr/bin/python3 -c 'import lark' 2>/dev/null || missing+=(python3-lark)
+/usr/bin/python3 -c 'import requests' 2>/dev/null || missing+=(python3-requests)
 ((${#missing[@]} == 0)) && exit 0
 
 pkgs=$(for c in "${missing[@]}"; do echo "${pkg[$c]}"; done | sort -u | tr '\n' ' ')
@@ -42,6 +46,7 @@ sysdeps: missing system tools: ${missing[*]}
     - MPI (mpirun, mpicc): sites provide it with \`module load openmpi\`; load it before
       installing and running mpi4py (pip install 'agentrl-hpc[mpi]'), which uses the MPI it finds.
     - buildah and skopeo (building tasks' Dockerfiles, pulling images): packaged by Debian 12 and
-      RHEL 8+; docker-registry is only for the tests (a loopback registry).
+      RHEL 8+; or Apptainer (\`module load apptainer\`), or charliecloud (unprivileged, with its
+      limits: docs/sandbox.md). docker-registry is only for the tests (a loopback registry).
 MSG
 exit 1

@@ -27,11 +27,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from hpc.images.apptainer_build import build_environment_apptainer
 from hpc.images.array import JobOutcome, array_script, job_alive, submit, watch, write_outcome
 from hpc.images.build import add_arguments as add_image_arguments
 from hpc.images.build import build_image, is_reference, run_builds
 from hpc.images.buildah import BuildahOptions, build_environment
 from hpc.images.cache import CacheError, Entry, Format, ImageCache
+from hpc.images.charliecloud import build_environment_charliecloud
 from hpc.images.dockerfile import DOCKERFILE, build_key, built_image_name
 from hpc.images.oci import ImageError
 
@@ -82,13 +84,20 @@ def is_task_source(source: str) -> bool:
     return any((d / "task.toml").exists() for d in expand_task_dirs([path]))
 
 
-def build_one(build: EnvironmentBuild, cache: ImageCache, fmt: Format, opts: BuildahOptions,
+def build_one(build: EnvironmentBuild, cache: ImageCache, fmt: Format, opts: BuildahOptions, builder: str,
               fakeroot: bool) -> tuple[Entry, bool]:
+    more = f" and {len(build.tasks) - 1} more" if len(build.tasks) > 1 else ""
+    what = f"the environment of task {build.tasks[0]}{more} (environment/{DOCKERFILE})"
     with tempfile.TemporaryDirectory(prefix="agentrl-context-") as tmp:
         context = materialize(build.files, Path(tmp) / "context", build.executable, what="environment_build.files")
-        more = f" and {len(build.tasks) - 1} more" if len(build.tasks) > 1 else ""
-        return build_environment(context, build.key, cache, fmt, opts, fakeroot,
-                                 what=f"the environment of task {build.tasks[0]}{more} (environment/{DOCKERFILE})")
+        if builder == "apptainer":
+            return build_environment_apptainer(context, build.key, cache, fmt, fakeroot=fakeroot,
+                                               registries_conf=opts.registries_conf, what=what)
+        if builder == "charliecloud":
+            return build_environment_charliecloud(context, build.key, cache, fmt, what=what,
+                                                  storage=opts.storage_root or cache.root / ".charliecloud",
+                                                  registries_conf=opts.registries_conf)
+        return build_environment(context, build.key, cache, fmt, opts, fakeroot, what=what)
 
 
 @dataclass(frozen=True)
@@ -117,7 +126,7 @@ def build_jobs(args: argparse.Namespace, cache: ImageCache) -> list[Job]:
     for b in builds.values():
         more = f", {len(b.tasks) - 1} more" if len(b.tasks) > 1 else ""
         jobs.append(Job(f"dockerfile:{b.key[7:19]} (task {b.tasks[0]}{more})", built_image_name(b.key),
-                        functools.partial(build_one, b, cache, args.format, opts, args.fakeroot)))
+                        functools.partial(build_one, b, cache, args.format, opts, args.builder, args.fakeroot)))
     if not jobs:
         raise SystemExit("agentrl images build: the tasks given need no build (their images are prebuilt): "
                          "build those images by name, or give the tasks whose Dockerfile needs a build")
@@ -126,8 +135,13 @@ def build_jobs(args: argparse.Namespace, cache: ImageCache) -> list[Job]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_image_arguments(p)
+    p.add_argument("--builder", choices=("buildah", "apptainer", "charliecloud"), default="buildah",
+                   help="what builds tasks' Dockerfiles: buildah (default; any Dockerfile), apptainer build "
+                        "(--fakeroot where the site requires it; no multi-stage builds), or charliecloud's "
+                        "ch-image (unprivileged; rootfs only, flattened, USER ignored)")
     p.add_argument("--storage-root", type=Path, metavar="DIR",
-                   help="where buildah keeps images and base layers (buildah --root; default: buildah's own)")
+                   help="where the builder keeps images and base layers (buildah --root, ch-image -s; default: "
+                        "buildah's own, CACHE/.charliecloud)")
     p.add_argument("--storage-driver", choices=("vfs", "overlay"),
                    help="buildah's storage driver (vfs works on any filesystem, NFS too)")
     p.add_argument("--slurm", action="store_true",
@@ -171,7 +185,7 @@ def _submit(args: argparse.Namespace, jobs: list[Job], cache: ImageCache) -> int
         if value is not None:
             command += [flag, str(Path(value).resolve())]
     command += [*(["--storage-driver", args.storage_driver] if args.storage_driver else []),
-                *(["--fakeroot"] if args.fakeroot else [])]
+                *(["--fakeroot"] if args.fakeroot else []), "--builder", args.builder]
     script = run_dir / "job.sbatch"
     script.write_text(array_script(command, pending, args.parallelism, run_dir, sbatch_options=args.sbatch_option))
     job_id = submit(script)

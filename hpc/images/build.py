@@ -36,6 +36,8 @@ INSTALL = {
                  "or `module load apptainer` on a cluster that provides it",
     "skopeo": "install skopeo (apt-get install skopeo / dnf install skopeo), "
               "or pull on a machine that has it and pass the OCI layout directory",
+    "ch-image": "install charliecloud (apt-get install charliecloud python3-lark python3-requests / dnf install "
+                "charliecloud), or `module load charliecloud` where the site provides it",
     "buildah": "install buildah (apt-get install buildah / dnf install buildah; Debian 12 and RHEL 8 package it), "
                "or `module load buildah` where the site provides it",
 }

@@ -34,6 +34,8 @@ NETWORK_ERRORS = re.compile(
     r"Could not resolve host|Temporary failure (?:in name resolution|resolving)|Name or service not known"
     r"|Network is unreachable|Failed to connect to|Failed to establish a new connection"
     r"|unable to resolve host address|Could not resolve hostname|dns error", re.IGNORECASE)
+NETWORK_FAILURE_FIX = ("The step exited 0 (a pipeline's status is its last command's), so the image would lack "
+                       "what it downloads: build on a node with network access, or through a mirror that serves it.")
 _STEP = re.compile(r"^STEP (\d+)/(\d+): (.*)$")
 
 
@@ -127,9 +129,7 @@ def build_environment(context: Path, key: str, cache: ImageCache, fmt: Format = 
             raise ImageError(f"building {what} failed at {where} (exit {code}){hint}: see {log}")
         if offline:
             steps = "; ".join(f"{step}: {line}" for step, line in offline)
-            raise ImageError(f"building {what}: {steps}. The step exited 0 (a pipeline's status is "
-                             "its last command's), so the image would lack what it downloads: build on a node "
-                             f"with network access, or through a mirror that serves it. Log: {log}")
+            raise ImageError(f"building {what}: {steps}. {NETWORK_FAILURE_FIX} Log: {log}")
         with log.open("a") as out:
             code = subprocess.run(push_command(opts, tag, archive), stdout=out, stderr=subprocess.STDOUT,
                                   env=opts.env(), stdin=subprocess.DEVNULL).returncode

@@ -59,13 +59,16 @@ class DockerfilePlan:
     workdir: str | None             # the final stage's working directory, if the Dockerfile sets one
     changes: tuple[Step, ...]       # instructions that change the image: it needs a build
     network_steps: tuple[Step, ...]  # RUN and ADD of a URL: they need the network at build time
+    stages: int = 1                  # FROM lines
+    final_steps: tuple[Step, ...] = ()   # the last stage's instructions after its FROM, in order
+    args: tuple[tuple[str, str], ...] = ()   # ARG defaults before the first FROM
 
     @property
     def needs_build(self) -> bool:
         return bool(self.changes)
 
 
-def _words(value: str) -> list[str]:
+def words_of(value: str) -> list[str]:
     """The instruction's words, dequoted, variables left as they are (the shell form) or a JSON array."""
     value = value.strip()
     if value.startswith("["):          # the exec form
@@ -78,7 +81,7 @@ def _words(value: str) -> list[str]:
     return list(WordSplitter(value).split())
 
 
-def _substitute(word: str, variables: Mapping[str, str]) -> str | None:
+def substitute(word: str, variables: Mapping[str, str]) -> str | None:
     """`word` with $NAME, ${NAME}, ${NAME:-default} and ${NAME:+alternative} replaced as Docker does;
     None when it names a variable that `variables` lacks (the base image's ENV, which is not known here)."""
     unknown = False
@@ -99,7 +102,17 @@ def _substitute(word: str, variables: Mapping[str, str]) -> str | None:
     return None if unknown else out
 
 
-def _flags(words: list[str]) -> tuple[dict[str, str], list[str]]:
+def assignments(step: Step) -> list[tuple[str, str | None]]:
+    """An ARG's or ENV's (name, value) pairs, unsubstituted; None for an ARG without a default.
+    ENV's old form, `ENV NAME the value`, is one pair."""
+    words = words_of(step.value)
+    if step.op == "ENV" and len(words) >= 2 and "=" not in words[0]:
+        return [(words[0], " ".join(words[1:]))]
+    return [(name, value if sep else None) for name, sep, value in (w.partition("=") for w in words)]
+
+
+def split_flags(words: list[str]) -> tuple[dict[str, str], list[str]]:
+    """(--name=value flags, the other words) of an instruction."""
     flags, rest = {}, list(words)
     while rest and rest[0].startswith("--"):
         name, _, value = rest.pop(0)[2:].partition("=")
@@ -135,6 +148,7 @@ def plan_dockerfile(text: str, context_files: Iterable[str] = ()) -> DockerfileP
     workdir: str | None = None
     global_args: dict[str, str] = {}
     froms = 0
+    stage_steps: list[Step] = []
     for item in parser.structure:
         op = item["instruction"].upper()
         if op == "COMMENT":
@@ -143,8 +157,8 @@ def plan_dockerfile(text: str, context_files: Iterable[str] = ()) -> DockerfileP
         if op not in KNOWN:
             raise DockerfileError(f"{step}: unknown instruction {op} (known: {', '.join(sorted(KNOWN))})")
         if op == "FROM":
-            _, words = _flags(_words(step.value))
-            words = [_substitute(w, {k: v for k, v in global_args.items() if v}) for w in words]
+            _, words = split_flags(words_of(step.value))
+            words = [substitute(w, {k: v for k, v in global_args.items() if v}) for w in words]
             if None in words:
                 raise DockerfileError(f"{step}: uses a variable that no ARG before the first FROM gives a "
                                       "default: give it one")
@@ -159,32 +173,31 @@ def plan_dockerfile(text: str, context_files: Iterable[str] = ()) -> DockerfileP
             froms += 1
             if named:
                 stages.append(words[2].lower())
-            variables, workdir = dict(global_args), None
+            variables, workdir, stage_steps = dict(global_args), None, []
             continue
         if not froms:
             if op != "ARG":
                 raise DockerfileError(f"{step}: {op} before the first FROM (only ARG may come first)")
-            for w in _words(step.value):
-                name, _, default = w.partition("=")
-                global_args[name] = _substitute(default, global_args) or ""
+            for name, default in assignments(step):
+                global_args[name] = substitute(default or "", global_args) or ""
             continue
+        stage_steps.append(step)
         if op == "WORKDIR":
-            words = _words(step.value)
-            path = _substitute(words[0], variables) if len(words) == 1 else None
+            words = words_of(step.value)
+            path = substitute(words[0], variables) if len(words) == 1 else None
             if path is None:
                 raise DockerfileError(f"{step}: the working directory {path!r} depends on a variable this cannot "
                                       "resolve: set [environment] workdir in task.toml")
             workdir = posixpath.normpath(posixpath.join(workdir or "/", path))
         elif op in ("ARG", "ENV"):
-            for w in _words(step.value):
-                name, sep, value = w.partition("=")
-                if sep:
-                    variables[name] = _substitute(value, variables) or ""
-                elif op == "ARG":
+            for name, value in assignments(step):
+                if value is not None:
+                    variables[name] = substitute(value, variables) or ""
+                else:
                     variables.setdefault(name, global_args.get(name, ""))
         if op in ("COPY", "ADD"):
-            flags, words = _flags(_words(step.value))
-            words = [_substitute(w, variables) or w for w in words]
+            flags, words = split_flags(words_of(step.value))
+            words = [substitute(w, variables) or w for w in words]
             if len(words) < 2:
                 raise DockerfileError(f"{step}: {op} needs a source and a destination")
             if "from" not in flags:
@@ -199,7 +212,8 @@ def plan_dockerfile(text: str, context_files: Iterable[str] = ()) -> DockerfileP
             changes.append(step)
     if not froms:
         raise DockerfileError("has no FROM line: a Dockerfile starts from an image")
-    return DockerfilePlan(tuple(bases), workdir, tuple(changes), tuple(dict.fromkeys(network)))
+    return DockerfilePlan(tuple(bases), workdir, tuple(changes), tuple(dict.fromkeys(network)), froms,
+                          tuple(stage_steps), tuple(global_args.items()))
 
 
 def build_key(files: Mapping[str, bytes], executable: Iterable[str] = (), build_args: Mapping[str, str] = ()) -> str:

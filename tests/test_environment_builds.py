@@ -254,3 +254,21 @@ def test_charliecloud_builds_the_dockerfile_from_a_base_pulled_through_the_mirro
                    check=True, capture_output=True, cwd=ROOT)
     assert_graded_in_bwrap(prompts, cache)
     assert "0 built, 1 cached" in images_build(*args).stderr
+
+
+def test_a_build_check_from_the_task_refuses_an_image_that_lacks_what_it_must_hold(mirror, tmp_path):
+    """`RUN curl ... | sh` that fetched nothing still exits 0; [environment] build_check is the task's
+    own word on what its image must hold, run in the image before the cache takes it."""
+    storage = ["--registries-conf", mirror, "--storage-root", tmp_path / "buildah", "--storage-driver", "vfs"]
+    for name, check, ok in (("holds", "test -e /opt/setup-ran && greet", True),
+                            ("lacks", "test -x /root/.local/bin/uv", False)):
+        task = harbor_task(tmp_path / "tasks" / name, DOCKERFILE)
+        toml = task / "task.toml"
+        toml.write_text(toml.read_text().replace("[environment]\n", f"[environment]\nbuild_check = '{check}'\n"))
+        for fmt in ("rootfs", "layers"):
+            r = images_build(task, "--cache", tmp_path / f"cache-{name}-{fmt}", "--format", fmt, *storage)
+            assert (r.returncode == 0) == ok, r.stderr
+            if not ok:
+                assert "the image's check `test -x /root/.local/bin/uv` (task.toml [environment] build_check) " \
+                       "failed (exit 1)" in r.stderr and "the image is not cached" in r.stderr, r.stderr
+                assert not list((tmp_path / f"cache-{name}-{fmt}").glob(f"{fmt}/sha256-*"))

@@ -39,6 +39,7 @@ from hpc.images.oci import ImageError
 
 from .check import decode_payloads, load_task_records, materialize
 from .harbor import expand_task_dirs
+from .sandboxes import image_check
 from .task import TaskSpecError
 
 
@@ -48,6 +49,7 @@ class EnvironmentBuild:
     files: dict[str, bytes]          # the build context, the Dockerfile among them
     executable: frozenset[str]
     tasks: tuple[str, ...]           # the instance ids that run in it
+    check: str | None = None         # task.toml [environment] build_check: what the image must pass
 
 
 def environment_builds(records: list[dict[str, Any]]) -> dict[str, EnvironmentBuild]:
@@ -65,12 +67,15 @@ def environment_builds(records: list[dict[str, Any]]) -> dict[str, EnvironmentBu
                                 "again (`agentrl convert harbor`)")
         files = decode_payloads(given.get("files"), f"{where}.files")
         executable = frozenset(given.get("executable", []))
-        key = build_key(files, executable)
+        check = given.get("check")
+        if check is not None and not isinstance(check, str):
+            raise TaskSpecError(f"{where}.check: must be a shell command, got {check!r}")
+        key = build_key(files, executable, check=check)
         if key != given["key"] or meta.get("image") != built_image_name(key):
             raise TaskSpecError(f"{where}: the key {given['key']!r} (image {meta.get('image')!r}) is not the "
                                 f"content's, {key!r}: convert the task again (`agentrl convert harbor`)")
         tasks = builds[key].tasks if key in builds else ()
-        builds[key] = EnvironmentBuild(key, files, executable, (*tasks, str(meta.get("instance_id"))))
+        builds[key] = EnvironmentBuild(key, files, executable, (*tasks, str(meta.get("instance_id"))), check)
     return builds
 
 
@@ -88,16 +93,17 @@ def build_one(build: EnvironmentBuild, cache: ImageCache, fmt: Format, opts: Bui
               fakeroot: bool) -> tuple[Entry, bool]:
     more = f" and {len(build.tasks) - 1} more" if len(build.tasks) > 1 else ""
     what = f"the environment of task {build.tasks[0]}{more} (environment/{DOCKERFILE})"
+    verify = image_check(build.check, fmt, cache) if build.check else None
     with tempfile.TemporaryDirectory(prefix="agentrl-context-") as tmp:
         context = materialize(build.files, Path(tmp) / "context", build.executable, what="environment_build.files")
         if builder == "apptainer":
             return build_environment_apptainer(context, build.key, cache, fmt, fakeroot=fakeroot,
-                                               registries_conf=opts.registries_conf, what=what)
+                                               registries_conf=opts.registries_conf, what=what, verify=verify)
         if builder == "charliecloud":
-            return build_environment_charliecloud(context, build.key, cache, fmt, what=what,
+            return build_environment_charliecloud(context, build.key, cache, fmt, what=what, verify=verify,
                                                   storage=opts.storage_root or cache.root / ".charliecloud",
                                                   registries_conf=opts.registries_conf)
-        return build_environment(context, build.key, cache, fmt, opts, fakeroot, what=what)
+        return build_environment(context, build.key, cache, fmt, opts, fakeroot, what=what, verify=verify)
 
 
 @dataclass(frozen=True)

@@ -86,12 +86,14 @@ def _size_mb(text: str, path: Path, key: str = "memory") -> int:
         raise HarborTaskError(path, f"[environment] {key} {text!r} is not a size like '2G' or '512M'") from None
 
 
-def _environment_build(tree: TaskTree, env_dir: Path) -> dict[str, Any]:
-    """The task's environment/ as a build context: its key, its files (payloads) and which are executable."""
+def _environment_build(tree: TaskTree, env_dir: Path, check: str | None) -> dict[str, Any]:
+    """The task's environment/ as a build context: its key, its files (payloads), which are executable,
+    and the check its image must pass."""
     files = tree.files_under(env_dir)
     executable = sorted(rel for rel in files if os.stat(tree.resolve(env_dir / rel)).st_mode & 0o111)
-    return {"key": build_key(files, executable), "files": {rel: encode_payload(data) for rel, data in files.items()},
-            "executable": executable}
+    return {"key": build_key(files, executable, check=check),
+            "files": {rel: encode_payload(data) for rel, data in files.items()},
+            "executable": executable, "check": check}
 
 
 def _image_and_workdir(env: dict, tree: TaskTree, toml_path: Path) -> tuple[str, str, dict[str, Any] | None]:
@@ -117,7 +119,11 @@ def _image_and_workdir(env: dict, tree: TaskTree, toml_path: Path) -> tuple[str,
             raise HarborTaskError(toml_path, "no image: set [environment] docker_image "
                                              f"(or give {dockerfile} a FROM line)")
         if plan.needs_build:
-            build = _environment_build(tree, env_dir)
+            check = env.get("build_check")      # our extension, as workdir is
+            if check is not None and (not isinstance(check, str) or not check.strip()):
+                raise HarborTaskError(toml_path, "[environment] build_check must be a shell command that exits 0 in "
+                                                 f"a good image, such as 'test -x /root/.local/bin/uv'; got {check!r}")
+            build = _environment_build(tree, env_dir, check)
             image = built_image_name(build["key"])
         else:
             image = plan.bases[0]

@@ -9,12 +9,14 @@ image cache by that name; such an image's ENV (its OCI config) is the sandbox's 
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from hpc.images.cache import CacheError, Entry, ImageCache
+from hpc.images.cache import CacheError, Entry, ImageCache, Verify
 from hpc.images.dockerfile import BUILT_PREFIX
+from hpc.images.oci import ImageError
 from hpc.sandbox.base import Sandbox, SandboxError, SandboxSpec
 from hpc.sandbox.factory import Runtime, make_sandbox
 from hpc.sandbox.policy import Limits
@@ -90,3 +92,34 @@ def task_sandbox(spec: TaskSpec, *, runtime: Runtime = "bwrap", cache: ImageCach
                           limits=sandbox_limits(spec.resources), root_dirs=GRADER_DIRS)
     return make_sandbox(runtime, sb_spec, image=image if runtime == "apptainer" else None,
                         allow_unsafe_local=allow_unsafe_local, fakeroot=fakeroot)
+
+
+CHECK_TIMEOUT_S = 300.0
+
+
+def image_check(command: str, fmt: str, cache: ImageCache) -> Verify:
+    """The post-build check of an image (task.toml [environment] build_check): `command` run with sh as
+    the sandbox's root, in the image just built, before the cache publishes it. A RUN step can fail
+    and still exit 0 (`curl ... | sh`); this is where a task says what its image must hold."""
+    def verify(payload: Path, runtime: Mapping) -> None:
+        workdir = runtime.get("workdir") or "/tmp"
+        spec = SandboxSpec(workdir=workdir, image_env=dict(runtime.get("env") or {}),
+                           rootfs=str(payload) if fmt == "rootfs" else None,
+                           rootfs_layers=tuple(map(str, cache.layer_dirs(payload))) if fmt == "layers" else ())
+        sb = make_sandbox("apptainer" if fmt == "sif" else "bwrap", spec, image=str(payload) if fmt == "sif" else None)
+
+        async def run():
+            async with sb:
+                return await sb.exec(["/bin/sh", "-c", command], user="root", cwd=workdir,
+                                     timeout_s=CHECK_TIMEOUT_S)
+
+        try:
+            r = asyncio.run(run())
+        except SandboxError as e:
+            raise ImageError(f"the image's check `{command}` could not run: {e}") from None
+        if r.exit_code != 0 or r.timed_out:
+            said = (r.stdout + r.stderr).decode(errors="replace").strip()[-500:] or "no output"
+            how = "timed out" if r.timed_out else f"failed (exit {r.exit_code})"
+            raise ImageError(f"the image's check `{command}` (task.toml [environment] build_check) {how}: "
+                             f"{said}; the image is not cached")
+    return verify

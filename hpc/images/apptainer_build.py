@@ -19,7 +19,7 @@ from pathlib import Path
 from .apptainer_def import definition, runtime_env
 from .build import apptainer_build_command, require_tool
 from .buildah import NETWORK_FAILURE_FIX, failed_step, network_failures
-from .cache import Entry, Format, ImageCache
+from .cache import Entry, Format, ImageCache, Verify
 from .dockerfile import DOCKERFILE, built_image_name, plan_dockerfile
 from .oci import ImageError
 from .registries import mirror_reference
@@ -27,7 +27,7 @@ from .registries import mirror_reference
 
 def build_environment_apptainer(context: Path, key: str, cache: ImageCache, fmt: Format = "sif", *,
                                 fakeroot: bool = False, registries_conf: Path | None = None,
-                                what: str | None = None) -> tuple[Entry, bool]:
+                                what: str | None = None, verify: Verify | None = None) -> tuple[Entry, bool]:
     """The cache entry of the image built from `context` with Apptainer; True if this call built it."""
     what = what or str(context / DOCKERFILE)
     if fmt not in ("sif", "rootfs"):
@@ -67,4 +67,4 @@ def build_environment_apptainer(context: Path, key: str, cache: ImageCache, fmt:
             raise ImageError(f"building {what}: {steps}. {NETWORK_FAILURE_FIX} Log: {log}")
 
     return cache.build_or_get(key, fmt, label, build, None,
-                              {"env": runtime_env(plan), "workdir": plan.workdir, "user": user})
+                              {"env": runtime_env(plan), "workdir": plan.workdir, "user": user}, verify)

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .cache import FORMATS, CacheError, Entry, ImageCache
+from .cache import FORMATS, CacheError, Entry, ImageCache, Verify
 from .extract import extract_image, extract_layer
 from .oci import Image, ImageError, open_image, runtime_config
 
@@ -99,15 +99,16 @@ def _run(cmd: list[str], what: str) -> None:
 
 
 def build_image(source: str | Path, cache: ImageCache, fmt: str = "rootfs", ref: str | None = None,
-                fakeroot: bool = False, label: str | None = None,
-                registries_conf: Path | str | None = None) -> tuple[Entry, bool]:
+                fakeroot: bool = False, label: str | None = None, registries_conf: Path | str | None = None,
+                verify: Verify | None = None) -> tuple[Entry, bool]:
     """The cache entry for `source` in `fmt`, built if absent; True if this call built it.
 
     `label` is what the entry records as its source, by which tasks find it (default: `source`,
-    a path made absolute). A reference is pulled through `registries_conf`'s mirrors, if given."""
+    a path made absolute). A reference is pulled through `registries_conf`'s mirrors, if given.
+    `verify` may refuse the image before it is published (ImageCache.build_or_get)."""
     source = str(source)
     if is_reference(source):
-        return _build_reference(source, cache, fmt, fakeroot, registries_conf)
+        return _build_reference(source, cache, fmt, fakeroot, registries_conf, verify)
     label = label or os.path.abspath(source)
     with open_image(source, ref) as image:
         if fmt == "rootfs":
@@ -122,7 +123,7 @@ def build_image(source: str | Path, cache: ImageCache, fmt: str = "rootfs", ref:
                 require_tool("apptainer", "building a SIF", [shlex.join(apptainer_build_command("OUT.sif", uri))])
                 _run(apptainer_build_command(payload, uri, fakeroot), f"building {payload.name} from {source}")
         return cache.build_or_get(image.image_id, fmt, label, build, image.manifest_digest,
-                                  runtime_config(image.config, f"{source}: config {image.image_id}"))
+                                  runtime_config(image.config, f"{source}: config {image.image_id}"), verify)
 
 
 def _layered(image: Image, cache: ImageCache, label: str) -> Callable[[Path], None]:
@@ -140,8 +141,8 @@ def _layered(image: Image, cache: ImageCache, label: str) -> Callable[[Path], No
     return build
 
 
-def _build_reference(ref: str, cache: ImageCache, fmt: str, fakeroot: bool,
-                     registries_conf: Path | str | None) -> tuple[Entry, bool]:
+def _build_reference(ref: str, cache: ImageCache, fmt: str, fakeroot: bool, registries_conf: Path | str | None,
+                     verify: Verify | None) -> tuple[Entry, bool]:
     # A tag moves; the cache is keyed by content, so the image is copied here first and read.
     pulls = cache.root / ".pulls"
     layout = pulls / f"{os.getpid()}-{os.urandom(4).hex()}"
@@ -152,7 +153,7 @@ def _build_reference(ref: str, cache: ImageCache, fmt: str, fakeroot: bool,
     pulls.mkdir(parents=True, exist_ok=True)
     try:
         _run(skopeo_copy_command(ref, layout, registries_conf), f"pulling {ref}")
-        entry, built = build_image(layout, cache, fmt, fakeroot=fakeroot, label=ref)
+        entry, built = build_image(layout, cache, fmt, fakeroot=fakeroot, label=ref, verify=verify)
     finally:
         shutil.rmtree(layout, ignore_errors=True)
     return entry, built

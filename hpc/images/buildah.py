@@ -25,7 +25,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from .build import build_image, require_tool
-from .cache import Entry, Format, ImageCache
+from .cache import Entry, Format, ImageCache, Verify
 from .dockerfile import DOCKERFILE, built_image_name
 from .oci import ImageError
 
@@ -100,7 +100,7 @@ def failed_step(log: str) -> str | None:
 
 def build_environment(context: Path, key: str, cache: ImageCache, fmt: Format = "rootfs",
                       opts: BuildahOptions | None = None, fakeroot: bool = False,
-                      what: str | None = None) -> tuple[Entry, bool]:
+                      what: str | None = None, verify: Verify | None = None) -> tuple[Entry, bool]:
     """The cache entry of the image built from `context` (a directory with a Dockerfile), whose build
     key is `key`; True if this call built it. A failure raises ImageError naming `what` is built (default:
     the Dockerfile), the step and the log."""
@@ -136,7 +136,7 @@ def build_environment(context: Path, key: str, cache: ImageCache, fmt: Format = 
         if code != 0:
             raise ImageError(f"exporting the image of {what} (buildah push) failed "
                              f"(exit {code}): see {log}")
-        return build_image(archive, cache, fmt, fakeroot=fakeroot, label=label)
+        return build_image(archive, cache, fmt, fakeroot=fakeroot, label=label, verify=verify)
     finally:
         archive.unlink(missing_ok=True)
         if shutil.which("buildah"):     # the archive is in the cache now; buildah keeps the base layers

@@ -56,6 +56,10 @@ class ImageEntry(Record):
     user: str | None = None
 
 
+# Refuses a built payload (raising) before it is published: (the payload, the image's runtime config)
+Verify = Callable[[Path, Mapping[str, Any]], None]
+
+
 class CacheError(Exception):
     pass
 
@@ -145,15 +149,16 @@ class ImageCache:
         hits = [e for e in self.list(fmt) if e.record.source == source]
         return max(hits, key=lambda e: e.record.created, default=None)
 
-    def layer_dirs(self, entry: Entry) -> list[Path]:
-        """The layer directories of a "layers" entry, top first (as overlayfs's lowerdir lists them)."""
-        diff_ids = entry.payload.read_text().split()
+    def layer_dirs(self, entry: Entry | Path) -> list[Path]:
+        """The layer directories of a "layers" entry (or of its payload, the list of its layers), top
+        first, as overlayfs's lowerdir lists them."""
+        payload = entry.payload if isinstance(entry, Entry) else entry
         dirs = []
-        for diff_id in reversed(diff_ids):
+        for diff_id in reversed(payload.read_text().split()):
             layer = self.lookup(diff_id, "layer")
             if layer is None:
-                raise CacheError(f"{entry.path}: its layer {diff_id} is not in the cache (removed by hand?): "
-                                 f"remove {entry.path} and build the image again")
+                raise CacheError(f"{payload.parent}: its layer {diff_id} is not in the cache (removed by hand?): "
+                                 f"remove {payload.parent} and build the image again")
             dirs.append(layer.payload)
         return dirs
 
@@ -199,10 +204,11 @@ class ImageCache:
         return removed
 
     def build_or_get(self, digest: str, fmt: Format, source: str, build: Callable[[Path], None],
-                     manifest_digest: str | None = None, runtime: Mapping[str, Any] | None = None
-                     ) -> tuple[Entry, bool]:
+                     manifest_digest: str | None = None, runtime: Mapping[str, Any] | None = None,
+                     verify: Verify | None = None) -> tuple[Entry, bool]:
         """The entry for `digest`, built with `build(payload_path)` if absent; True if this call's build is it.
-        `runtime`: the image's env, workdir and user (oci.runtime_config), kept in the entry's record."""
+        `runtime`: the image's env, workdir and user (oci.runtime_config), kept in the entry's record.
+        `verify(payload, runtime)` may refuse the build (raising) before anything is published."""
         final = self.entry_path(digest, fmt)
         hit = self.lookup(digest, fmt)
         if hit is not None:
@@ -216,6 +222,8 @@ class ImageCache:
             build(payload)
             if not os.path.lexists(payload):
                 raise CacheError(f"building {source} produced no {payload.name}")
+            if verify is not None:
+                verify(payload, runtime or {})
             record = ImageEntry(digest=digest, format=fmt, source=source, manifest_digest=manifest_digest,
                                 size=tree_size(payload), created=time.time(), **(runtime or {}))
             write_record(tmp / RECORD, record)  # last: a directory without it is never trusted

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .build import build_image, require_tool
 from .buildah import NETWORK_ERRORS, NETWORK_FAILURE_FIX
-from .cache import Entry, Format, ImageCache
+from .cache import Entry, Format, ImageCache, Verify
 from .dockerfile import DOCKERFILE, built_image_name, plan_dockerfile
 from .oci import ImageError
 
@@ -70,7 +70,7 @@ def log_steps(log: str) -> list[tuple[str, str]]:
 
 def build_environment_charliecloud(context: Path, key: str, cache: ImageCache, fmt: Format = "rootfs", *,
                                    storage: Path, registries_conf: Path | None = None,
-                                   what: str | None = None) -> tuple[Entry, bool]:
+                                   what: str | None = None, verify: Verify | None = None) -> tuple[Entry, bool]:
     """The cache entry of the image built from `context` with ch-image; True if this call built it."""
     what = what or str(context / DOCKERFILE)
     if fmt != "rootfs":
@@ -109,6 +109,6 @@ def build_environment_charliecloud(context: Path, key: str, cache: ImageCache, f
     try:
         return cache.build_or_get(key, fmt, label, lambda payload: shutil.copytree(tree, payload, symlinks=True),
                                   None, {"env": dict(meta.get("env") or {}), "workdir": meta.get("cwd") or None,
-                                         "user": None})
+                                         "user": None}, verify)
     finally:
         subprocess.run([*ch, "delete", tag], capture_output=True, env=_env())

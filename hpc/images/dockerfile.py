@@ -216,13 +216,17 @@ def plan_dockerfile(text: str, context_files: Iterable[str] = ()) -> DockerfileP
                           tuple(stage_steps), tuple(global_args.items()))
 
 
-def build_key(files: Mapping[str, bytes], executable: Iterable[str] = (), build_args: Mapping[str, str] = ()) -> str:
+def build_key(files: Mapping[str, bytes], executable: Iterable[str] = (), build_args: Mapping[str, str] = (),
+              check: str | None = None) -> str:
     """sha256 of a build's content: every file of the context (the Dockerfile among them), which of
-    them are executable, and the build arguments; equal content, equal key."""
+    them are executable, the build arguments, and the check the image must pass; equal content,
+    equal key."""
     if DOCKERFILE not in files:
         raise DockerfileError(f"the build context has no {DOCKERFILE}")
     doc = {"files": {rel: hashlib.sha256(data).hexdigest() for rel, data in sorted(files.items())},
            "executable": sorted(set(executable)), "build_args": dict(sorted(dict(build_args).items()))}
+    if check is not None:
+        doc["check"] = check
     return "sha256:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 

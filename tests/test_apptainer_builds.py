@@ -29,8 +29,6 @@ STANDIN = r'''#!/usr/bin/env python3
 """apptainer build [--fakeroot] [--nohttps] [--sandbox] OUT DEF, as its documentation says it works."""
 import json, os, shutil, subprocess, sys, tarfile, tempfile
 args = sys.argv[1:]
-with open(os.environ["STANDIN_LOG"], "a") as f:
-    f.write(json.dumps(args) + "\n")
 assert args[0] == "build", args
 flags = [a for a in args[1:] if a.startswith("--")]
 out, def_path = [a for a in args[1:] if not a.startswith("--")]
@@ -43,6 +41,8 @@ for line in open(def_path).read().splitlines():
         sections[name].append(line)
 header = dict(l.split(":", 1) for l in sections["header"] if ":" in l)
 ref = header["From"].strip()
+with open(os.environ["STANDIN_LOG"], "a") as f:
+    f.write(json.dumps({"args": args, "bootstrap": header["Bootstrap"].strip(), "from": ref}) + "\n")
 bases = json.loads(os.environ["STANDIN_BASES"])
 if ref not in bases:
     print(f"FATAL: While performing build: conveyor failed to get: {ref}: not found")
@@ -100,7 +100,8 @@ def test_a_dockerfile_built_by_apptainer_keeps_its_steps_in_order_and_its_env(st
     r = images_build(*args, env=env)
     assert r.returncode == 0 and "1 built, 0 cached, 0 failed" in r.stderr, r.stderr
     call = json.loads((work / "calls.jsonl").read_text().splitlines()[-1])
-    assert call[:3] == ["build", "--nohttps", "--sandbox"]      # the mirror is plain HTTP; a rootfs for bwrap
+    assert call["args"][:3] == ["build", "--nohttps", "--sandbox"]   # the mirror is plain HTTP; a rootfs for bwrap
+    assert (call["bootstrap"], call["from"]) == ("docker", mirrored)
     log = next((cache / "logs").glob("*.log")).read_text()
     steps = [line for line in log.splitlines() if line.startswith("STEP ")]
     assert [s.split(": ", 1)[1].split()[0] for s in steps] == ["WORKDIR", "ENV", "RUN", "COPY", "COPY", "RUN", "COPY",
@@ -151,3 +152,19 @@ def test_a_registries_conf_sends_a_short_name_to_its_mirror():
     assert mirror_reference("quay.io/a/b:1", MIRROR) == ("quay.io/a/b:1", False)
     with_mirror = MIRROR + '[[registry.mirror]]\nlocation = "cache.site.example/hub"\n'
     assert mirror_reference("swebench/x:latest", with_mirror)[0] == "cache.site.example/hub/x:latest"
+
+
+def test_a_base_pulled_to_the_shared_filesystem_is_bootstrapped_from_there(standin, tmp_path):
+    from hpc.images.bases import base_layout
+
+    work, env, _ = standin
+    task = harbor_task(tmp_path / "tasks" / "from-layout", DOCKERFILE)
+    cache = ImageCache(tmp_path / "cache")
+    layout = base_layout(cache, "swebench/sweb.eval.x86_64.demo__demo-1:latest")
+    layout.mkdir(parents=True)
+    (layout / "index.json").write_text("{}")       # what the stand-in is given for it: the base rootfs
+    env = {**env, "STANDIN_BASES": json.dumps({str(layout): str(work / "base")})}
+    r = images_build(task, "--cache", cache.root, "--builder", "apptainer", "--format", "rootfs", env=env)
+    assert r.returncode == 0, r.stderr
+    call = json.loads((work / "calls.jsonl").read_text().splitlines()[-1])
+    assert (call["bootstrap"], call["from"]) == ("oci", str(layout)) and "--nohttps" not in call["args"]

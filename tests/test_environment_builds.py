@@ -272,3 +272,34 @@ def test_a_build_check_from_the_task_refuses_an_image_that_lacks_what_it_must_ho
                 assert "the image's check `test -x /root/.local/bin/uv` (task.toml [environment] build_check) " \
                        "failed (exit 1)" in r.stderr and "the image is not cached" in r.stderr, r.stderr
                 assert not list((tmp_path / f"cache-{name}-{fmt}").glob(f"{fmt}/sha256-*"))
+
+
+def offline_path(tmp_path: Path, *tools: str) -> dict:
+    """An environment whose `tools` run in a network namespace of their own: a node without network."""
+    bin_dir = tmp_path / "offline-bin"
+    bin_dir.mkdir(exist_ok=True)
+    for tool in tools:
+        (bin_dir / tool).write_text(f'#!/bin/sh\nexec unshare --net {shutil.which(tool)} "$@"\n')
+        (bin_dir / tool).chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_bases_pulled_on_a_node_with_network_build_on_nodes_without_it(mirror, tmp_path):
+    task = harbor_task(tmp_path / "tasks" / "offline", DOCKERFILE)
+    cache = tmp_path / "cache"
+    pulled = images_build(task, "--cache", cache, "--registries-conf", mirror, "--pull-bases")
+    assert pulled.returncode == 0 and f"{BASE}: pulled" in pulled.stderr, pulled.stderr
+    again = images_build(task, "--cache", cache, "--registries-conf", mirror, "--pull-bases")
+    assert f"{BASE}: present" in again.stderr and "1 of 1 bases" in again.stderr
+    offline = offline_path(tmp_path, "buildah", "skopeo")
+    for builder, extra in (("buildah", ["--storage-driver", "vfs", "--storage-root", tmp_path / "fresh-buildah"]),
+                           ("charliecloud", ["--storage-root", tmp_path / "fresh-ch"])):
+        if builder == "charliecloud" and charliecloud_missing():
+            continue
+        built = images_build(task, "--cache", tmp_path / f"cache-{builder}", "--registries-conf", mirror,
+                             "--builder", builder, *extra, env=offline)
+        assert built.returncode != 0       # without the pulled bases (another cache) there is nothing to build on
+        shutil.copytree(cache / "bases", tmp_path / f"cache-{builder}" / "bases")
+        built = images_build(task, "--cache", tmp_path / f"cache-{builder}", "--registries-conf", mirror,
+                             "--builder", builder, *extra, env=offline)
+        assert built.returncode == 0 and "1 built" in built.stderr, (builder, built.stderr)

@@ -29,12 +29,13 @@ from pydantic import ValidationError
 
 from hpc.images.apptainer_build import build_environment_apptainer
 from hpc.images.array import JobOutcome, array_script, job_alive, submit, watch, write_outcome
+from hpc.images.bases import pull_base
 from hpc.images.build import add_arguments as add_image_arguments
 from hpc.images.build import build_image, is_reference, run_builds
 from hpc.images.buildah import BuildahOptions, build_environment
 from hpc.images.cache import CacheError, Entry, Format, ImageCache
 from hpc.images.charliecloud import build_environment_charliecloud
-from hpc.images.dockerfile import DOCKERFILE, build_key, built_image_name
+from hpc.images.dockerfile import DOCKERFILE, build_key, built_image_name, plan_dockerfile
 from hpc.images.oci import ImageError
 
 from .check import decode_payloads, load_task_records, materialize
@@ -156,6 +157,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sbatch-option", action="append", default=[], metavar="OPT",
                    help="with --slurm: an sbatch option for the array, such as --partition=cpu (repeatable)")
     p.add_argument("--no-wait", action="store_true", help="with --slurm: submit, print the job id, and return")
+    p.add_argument("--pull-bases", action="store_true",
+                   help="only pull the tasks' base images (their FROM lines) into CACHE/bases, on a node with "
+                        "network, for builds on nodes without it")
     p.add_argument("--job-index", type=int, help=argparse.SUPPRESS)      # an array task: build this one
     p.add_argument("--outcomes", type=Path, help=argparse.SUPPRESS)      # ... and say how it went here
 
@@ -206,8 +210,29 @@ def _submit(args: argparse.Namespace, jobs: list[Job], cache: ImageCache) -> int
     return 1 if failed else 0
 
 
+def _pull_bases(args: argparse.Namespace, cache: ImageCache) -> int:
+    try:
+        builds = environment_builds(load_task_records([s for s in args.sources if is_task_source(s)]))
+        bases = list(dict.fromkeys(base for b in builds.values()
+                                   for base in plan_dockerfile(b.files[DOCKERFILE].decode(), b.files).bases))
+    except (TaskSpecError, ValueError, OSError) as e:
+        raise SystemExit(f"agentrl images build: {e}") from None
+    failed = 0
+    for i, base in enumerate(bases, 1):
+        try:
+            layout, pulled = pull_base(base, cache, args.registries_conf)
+            print(f"[{i}/{len(bases)}] {base}: {'pulled' if pulled else 'present'} {layout}", file=sys.stderr)
+        except (ImageError, OSError) as e:
+            failed += 1
+            print(f"[{i}/{len(bases)}] {base}: FAILED: {e}", file=sys.stderr)
+    print(f"{len(bases) - failed} of {len(bases)} bases in {cache.root / 'bases'}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def run(args: argparse.Namespace) -> int:
     cache = ImageCache(args.cache)
+    if args.pull_bases:
+        return _pull_bases(args, cache)
     jobs = build_jobs(args, cache)
     if args.job_index is not None:
         return _array_task(args, jobs)

@@ -17,6 +17,7 @@ import subprocess
 from pathlib import Path
 
 from .apptainer_def import definition, runtime_env
+from .bases import pulled_base
 from .build import apptainer_build_command, require_tool
 from .buildah import NETWORK_FAILURE_FIX, failed_step, network_failures
 from .cache import Entry, Format, ImageCache, Verify
@@ -41,10 +42,15 @@ def build_environment_apptainer(context: Path, key: str, cache: ImageCache, fmt:
         raise ImageError(f"{context}: a build context with whitespace in its path cannot be named in %files")
     files = [p.relative_to(context).as_posix() for p in context.rglob("*") if p.is_file()]
     plan = plan_dockerfile((context / DOCKERFILE).read_text(), files)
-    base, insecure = mirror_reference(plan.bases[0],
-                                      registries_conf.read_text() if registries_conf is not None else None)
+    layout = pulled_base(cache, plan.bases[0])
+    if layout is not None:                      # pulled to the shared filesystem: no registry needed
+        base, insecure, bootstrap = str(layout), False, "oci"
+    else:
+        base, insecure = mirror_reference(plan.bases[0],
+                                          registries_conf.read_text() if registries_conf is not None else None)
+        bootstrap = "docker"
     def_path = context.parent / "environment.def"
-    def_path.write_text(definition(dataclasses.replace(plan, bases=(base,)), str(context)))
+    def_path.write_text(definition(dataclasses.replace(plan, bases=(base,)), str(context), bootstrap=bootstrap))
     hexkey = key.partition(":")[2]
     log = cache.root / "logs" / f"{hexkey}.log"
     log.parent.mkdir(parents=True, exist_ok=True)

@@ -57,10 +57,12 @@ def _sources(sources: list[str]) -> str:
     return " ".join(out)
 
 
-def definition(plan: DockerfilePlan, context: str, build_args: Mapping[str, str] = ()) -> str:
+def definition(plan: DockerfilePlan, context: str, build_args: Mapping[str, str] = (), bootstrap: str = "docker"
+               ) -> str:
     """The .def for `plan` (hpc.images.dockerfile.plan_dockerfile), its build context staged from the
     host directory `context`. Each step is announced as buildah does (`STEP n/m: ...`), so that a
-    build's log reads the same whichever builder made it (hpc.images.buildah.network_failures)."""
+    build's log reads the same whichever builder made it (hpc.images.buildah.network_failures).
+    `bootstrap`: docker (plan.bases[0] a reference) or oci (plan.bases[0] an OCI layout directory)."""
     if plan.stages != 1:
         raise DockerfileError(f"a multi-stage Dockerfile ({plan.stages} FROM lines) cannot be built with "
                               "Apptainer: build it with buildah (--builder buildah)")
@@ -100,7 +102,7 @@ def definition(plan: DockerfilePlan, context: str, build_args: Mapping[str, str]
             *sources, dest = paths
             post.extend(_copy(op, sources, dest))
     post.append(f"rm -rf {CONTEXT_DIR}")
-    lines = ["Bootstrap: docker", f"From: {plan.bases[0]}", "", "%files", f"    {context} {CONTEXT_DIR}", "",
+    lines = [f"Bootstrap: {bootstrap}", f"From: {plan.bases[0]}", "", "%files", f"    {context} {CONTEXT_DIR}", "",
              "%post", *(f"    {line}" for block in post for line in block.splitlines())]
     if environment:
         lines += ["", "%environment", *(f"    {line}" for line in environment)]

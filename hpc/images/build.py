@@ -91,7 +91,8 @@ def require_tool(tool: str, purpose: str, commands: Sequence[str] = ()) -> str:
     return path
 
 
-def _run(cmd: list[str], what: str) -> None:
+def run_tool(cmd: list[str], what: str) -> None:
+    """Run a tool's command; a failure raises ImageError with `what` failed and the end of its output."""
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0:
         tail = "\n".join(r.stdout.strip().splitlines()[-20:])
@@ -121,7 +122,7 @@ def build_image(source: str | Path, cache: ImageCache, fmt: str = "rootfs", ref:
 
             def build(payload: Path) -> None:
                 require_tool("apptainer", "building a SIF", [shlex.join(apptainer_build_command("OUT.sif", uri))])
-                _run(apptainer_build_command(payload, uri, fakeroot), f"building {payload.name} from {source}")
+                run_tool(apptainer_build_command(payload, uri, fakeroot), f"building {payload.name} from {source}")
         return cache.build_or_get(image.image_id, fmt, label, build, image.manifest_digest,
                                   runtime_config(image.config, f"{source}: config {image.image_id}"), verify)
 
@@ -152,7 +153,7 @@ def _build_reference(ref: str, cache: ImageCache, fmt: str, fakeroot: bool, regi
     require_tool("skopeo", f"pulling {ref}", cmds)
     pulls.mkdir(parents=True, exist_ok=True)
     try:
-        _run(skopeo_copy_command(ref, layout, registries_conf), f"pulling {ref}")
+        run_tool(skopeo_copy_command(ref, layout, registries_conf), f"pulling {ref}")
         entry, built = build_image(layout, cache, fmt, fakeroot=fakeroot, label=ref, verify=verify)
     finally:
         shutil.rmtree(layout, ignore_errors=True)

@@ -24,10 +24,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from .bases import pulled_base
 from .build import build_image, require_tool
 from .cache import Entry, Format, ImageCache, Verify
-from .dockerfile import DOCKERFILE, built_image_name
+from .dockerfile import DOCKERFILE, built_image_name, plan_dockerfile
 from .oci import ImageError
+from .registries import qualified, search_registries
 
 # What a download that could not reach the network prints (curl, wget, pip, apt, git, uv)
 NETWORK_ERRORS = re.compile(
@@ -98,6 +100,28 @@ def failed_step(log: str) -> str | None:
     return f"step {steps[-1].group(1)}/{steps[-1].group(2)} ({steps[-1].group(3)})" if steps else None
 
 
+def _bases_from_layouts(context: Path, cache: ImageCache, opts: BuildahOptions, out) -> None:
+    """Each FROM that was pulled into the cache (hpc/images/bases.py), into buildah's storage under the name
+    the Dockerfile resolves it to, so that the build never goes to the registry for it."""
+    conf = opts.registries_conf.read_text() if opts.registries_conf is not None else None
+    files = [p.relative_to(context).as_posix() for p in context.rglob("*") if p.is_file()]
+    for base in plan_dockerfile((context / DOCKERFILE).read_text(), files).bases:
+        layout = pulled_base(cache, base)
+        if layout is None:
+            continue
+        r = subprocess.run(["buildah", *opts.global_args(), "pull", "--quiet", f"oci:{layout}"], capture_output=True,
+                           text=True, env=opts.env(), stdin=subprocess.DEVNULL)
+        out.write(r.stderr)
+        image_id = r.stdout.split()[-1] if r.returncode == 0 and r.stdout.split() else None
+        name = qualified(base, search_registries(conf))
+        tagged = image_id is not None and subprocess.run(
+            ["buildah", *opts.global_args(), "tag", image_id, name], stdout=out, stderr=subprocess.STDOUT,
+            env=opts.env()).returncode == 0
+        if not tagged:
+            raise ImageError(f"taking the base {base} from {layout} into buildah's storage failed: {r.stderr.strip()}")
+        print(f"FROM {base}: from {layout}", file=out, flush=True)
+
+
 def build_environment(context: Path, key: str, cache: ImageCache, fmt: Format = "rootfs",
                       opts: BuildahOptions | None = None, fakeroot: bool = False,
                       what: str | None = None, verify: Verify | None = None) -> tuple[Entry, bool]:
@@ -119,6 +143,7 @@ def build_environment(context: Path, key: str, cache: ImageCache, fmt: Format = 
     archive.parent.mkdir(parents=True, exist_ok=True)
     try:
         with log.open("w") as out:
+            _bases_from_layouts(context, cache, opts, out)
             code = subprocess.run(bud_command(opts, context, tag), stdout=out, stderr=subprocess.STDOUT,
                                   env=opts.env(), stdin=subprocess.DEVNULL).returncode
         text = log.read_text(errors="replace")

@@ -24,6 +24,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from .bases import pulled_base
 from .build import build_image, require_tool
 from .buildah import NETWORK_ERRORS, NETWORK_FAILURE_FIX
 from .cache import Entry, Format, ImageCache, Verify
@@ -89,7 +90,9 @@ def build_environment_charliecloud(context: Path, key: str, cache: ImageCache, f
     with log.open("w") as out:
         for base in plan.bases:
             if not image_dir(storage, base).is_dir():
-                entry, _ = build_image(base, cache, "rootfs", registries_conf=registries_conf)
+                layout = pulled_base(cache, base)     # pulled to the shared filesystem, or from the registry
+                entry = cache.find(base, "rootfs") or build_image(layout or base, cache, "rootfs", label=base,
+                                                                  registries_conf=registries_conf)[0]
                 r = subprocess.run([*ch, "import", str(entry.payload), base], stdout=out, stderr=subprocess.STDOUT,
                                    env=_env(), stdin=subprocess.DEVNULL)
                 if r.returncode != 0:

@@ -24,6 +24,12 @@ def qualified(ref: str, search: list[str]) -> str:
     return f"{registry}/{ref}"
 
 
+def search_registries(registries_conf: str | None) -> list[str]:
+    """A registries.conf's unqualified-search-registries (Docker Hub where it names none)."""
+    conf = tomllib.loads(registries_conf) if registries_conf else {}
+    return list(conf.get("unqualified-search-registries") or ["docker.io"])
+
+
 def mirror_reference(ref: str, registries_conf: str | None) -> tuple[str, bool]:
     """(where to pull `ref` from, whether that registry is plain HTTP) under a registries.conf: the
     [[registry]] with the longest matching prefix, its first mirror if it lists one, else its location.

@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -82,22 +83,29 @@ def push_command(opts: BuildahOptions, tag: str, archive: Path) -> list[str]:
     return ["buildah", *opts.global_args(), "push", tag, f"oci-archive:{archive}"]
 
 
-def network_failures(log: str) -> list[tuple[str, str]]:
-    """(the step, the line) for each step of a buildah log that could not reach the network."""
+def buildah_step(line: str) -> str | None:
+    """The step a line of a buildah log announces (`STEP n/m: INSTRUCTION`), as messages name it; else None."""
+    m = _STEP.match(line)
+    return f"step {m.group(1)}/{m.group(2)} ({m.group(3)})" if m else None
+
+
+def network_failures(log: str, step_of: Callable[[str], str | None] = buildah_step) -> list[tuple[str, str]]:
+    """(the step, the line) for each step of a build log that could not reach the network; `step_of`
+    reads the builder's step announcements."""
     step, out = "before the first step", []
     for line in log.splitlines():
-        m = _STEP.match(line)
-        if m:
-            step = f"step {m.group(1)}/{m.group(2)} ({m.group(3)})"
+        announced = step_of(line)
+        if announced:
+            step = announced
         elif NETWORK_ERRORS.search(line) and (not out or out[-1][0] != step):
             out.append((step, line.strip()))
     return out
 
 
-def failed_step(log: str) -> str | None:
-    """The step a failed buildah build was at: its last `STEP n/m: ...` line."""
-    steps = [m for m in map(_STEP.match, log.splitlines()) if m]
-    return f"step {steps[-1].group(1)}/{steps[-1].group(2)} ({steps[-1].group(3)})" if steps else None
+def failed_step(log: str, step_of: Callable[[str], str | None] = buildah_step) -> str | None:
+    """The step a failed build was at: the last one its log announces."""
+    steps = [s for s in map(step_of, log.splitlines()) if s]
+    return steps[-1] if steps else None
 
 
 def _bases_from_layouts(context: Path, cache: ImageCache, opts: BuildahOptions, out) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .bases import pulled_base
 from .build import build_image, require_tool
-from .buildah import NETWORK_ERRORS, NETWORK_FAILURE_FIX
+from .buildah import NETWORK_FAILURE_FIX, failed_step, network_failures
 from .cache import Entry, Format, ImageCache, Verify
 from .dockerfile import DOCKERFILE, built_image_name, plan_dockerfile
 from .oci import ImageError
@@ -56,17 +56,10 @@ def image_dir(storage: Path, name: str) -> Path:
     return storage / "img" / name.replace("/", "%").replace(":", "+")
 
 
-def log_steps(log: str) -> list[tuple[str, str]]:
-    """(the step, the line) for each step of a ch-image log that could not reach the network, and the
-    last step announced (the one that failed, if it failed) as ("", step)."""
-    step, out = "", []
-    for line in log.splitlines():
-        m = _STEP.match(line)
-        if m:
-            step = f"step {m.group(1)} ({m.group(2)})"
-        elif NETWORK_ERRORS.search(line) and (not out or out[-1][0] != step):
-            out.append((step, line.strip()))
-    return [*out, ("", step)]
+def ch_image_step(line: str) -> str | None:
+    """The step a line of a ch-image log announces (`  4. RUN ...`, `  1* FROM ...` when cached)."""
+    m = _STEP.match(line)
+    return f"step {m.group(1)} ({m.group(2)})" if m else None
 
 
 def build_environment_charliecloud(context: Path, key: str, cache: ImageCache, fmt: Format = "rootfs", *,
@@ -100,10 +93,12 @@ def build_environment_charliecloud(context: Path, key: str, cache: ImageCache, f
         tag = f"agentrl-build:{hexkey[:32]}"
         code = subprocess.run([*ch, "build", "-t", tag, "-f", str(context / DOCKERFILE), str(context)],
                               stdout=out, stderr=subprocess.STDOUT, env=_env(), stdin=subprocess.DEVNULL).returncode
-    *offline, (_, last) = log_steps(log.read_text(errors="replace"))
+    text = log.read_text(errors="replace")
+    offline = network_failures(text, ch_image_step)
     if code != 0:
         hint = f"; it could not reach the network ({offline[-1][1]})" if offline else ""
-        raise ImageError(f"building {what} failed at {last or 'the start'} (exit {code}){hint}: see {log}")
+        where = failed_step(text, ch_image_step) or "the start"
+        raise ImageError(f"building {what} failed at {where} (exit {code}){hint}: see {log}")
     if offline:
         steps = "; ".join(f"{step}: {line}" for step, line in offline)
         raise ImageError(f"building {what}: {steps}. {NETWORK_FAILURE_FIX} Log: {log}")

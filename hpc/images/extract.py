@@ -258,15 +258,19 @@ def apply_layer(layer: Layer, applier: _Applier) -> None:
         raw.close()
 
 
+def _empty_dir(path: Path) -> Path:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    if any(path.iterdir()):
+        raise ImageError(f"{path}: extraction needs an empty directory")
+    path.chmod(0o755)
+    return path
+
+
 def extract_image(image: Image, rootfs: Path, progress=None) -> Stats:
     """Apply every layer of `image` to the empty or missing directory `rootfs`."""
-    rootfs = Path(rootfs)
-    rootfs.mkdir(parents=True, exist_ok=True)
-    if any(rootfs.iterdir()):
-        raise ImageError(f"{rootfs}: extraction needs an empty directory")
-    rootfs.chmod(0o755)
     stats = Stats()
-    applier = _Applier(rootfs, stats)
+    applier = _Applier(_empty_dir(rootfs), stats)
     for layer in image.layers:
         apply_layer(layer, applier)
         if progress:
@@ -298,13 +302,8 @@ def extract_layer(layer: Layer, tree: Path) -> Stats:
     if os.geteuid() != 0:
         raise ImageError(f"{layer.name}: the layers format needs root (its whiteouts are device nodes, as "
                          "overlayfs has them): build --format rootfs instead")
-    tree = Path(tree)
-    tree.mkdir(parents=True, exist_ok=True)
-    if any(tree.iterdir()):
-        raise ImageError(f"{tree}: extraction needs an empty directory")
-    tree.chmod(0o755)
     stats = Stats()
-    applier = _OverlayApplier(tree, stats)
+    applier = _OverlayApplier(_empty_dir(tree), stats)
     apply_layer(layer, applier)
     applier.finish()
     return stats

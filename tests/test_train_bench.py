@@ -63,3 +63,13 @@ def test_train_benchmark_prints_trainer_and_publish_figures_beside_their_baselin
 def test_train_benchmark_refuses_bad_arguments(args, message):
     r = subprocess.run([sys.executable, BENCH, *args], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and message in r.stderr
+
+
+def test_the_checkpoint_bench_bounds_the_bytes_against_a_full_checkpoint_per_rollout(tmp_path):
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "checkpoint_bench.py"
+    p = subprocess.run([sys.executable, str(bench), "--rollouts", "6", "--save-every", "3", "--keep-last", "1",
+                        "--dir", str(tmp_path), "--json"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    # bounded: iter_6's full state and export (4 weights' worth); everything: 6 x 4
+    assert 0.1 < out["ratio"] < 0.3 and out["figure_bytes"] > 0, out

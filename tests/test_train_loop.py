@@ -261,3 +261,38 @@ def test_the_control_trains_on_shuffled_rewards_and_reports_the_true_ones(tiny_m
     assert [m["fingerprint"] for m in a] != [m["fingerprint"] for m in b]     # trained on other advantages
     with pytest.raises(TrainConfigError, match="control"):
         config(tiny_model, prompts, control="flip_rewards")
+
+
+def test_full_checkpoints_every_save_every_exports_between_and_old_state_pruned(tiny_model, prompts, tmp_path):
+    from agentrl.train.checkpoint import apply_retention
+
+    run_dir = tmp_path / "bounded"
+    straight = tmp_path / "straight"
+    cfg = dict(num_rollouts=4, global_batch_size=3, save_every=2, publish_every=1, keep_last=1)
+    run_trainer(run_dir, config(tiny_model, prompts, **cfg))
+    run = RunLayout.open(run_dir)
+    assert run.latest_checkpoint() == 4
+    kinds = {n: (read_record(run.checkpoint_dir(n) / "trainer.json", TrainerState).full,
+                 (run.checkpoint_dir(n) / "optimizer.pt").exists(), (run.checkpoint_dir(n) / "hf").is_dir())
+             for n in (1, 2, 3, 4)}
+    # 1 and 3 published only their export; 2 was full until 4 made it the older of two; 4 is full
+    assert kinds == {1: (False, False, True), 2: (False, False, True), 3: (False, False, True), 4: (True, True, True)}
+    # An export goes once its eval summary exists, never the weights the servers were last told to load
+    for n in (1, 3):
+        run.eval_dir(n).mkdir(parents=True)
+        (run.eval_dir(n) / "summary.json").write_text("{}")
+    assert run.published_weights()[0] == 3
+    plan = apply_retention(run, keep_last=1, keep_exports="until_evaluated")
+    assert plan.drop_export == (1,) and not (run.checkpoint_dir(1) / "hf").exists()
+    assert (run.checkpoint_dir(3) / "hf").is_dir()
+
+    # Resumed from a full checkpoint with an export-only one after it: the rollouts are trained again
+    # from the ledger, to the same weights as a run that never stopped
+    run_trainer(straight, config(tiny_model, prompts, num_rollouts=4, global_batch_size=3))
+    resumed = tmp_path / "resumed"
+    run_trainer(resumed, config(tiny_model, prompts, **{**cfg, "num_rollouts": 3, "keep_last": 2}))
+    again = RunLayout.open(resumed)
+    shutil.rmtree(again.checkpoint_dir(3))
+    again.publish_latest(2)        # as if the trainer had died after rollout 3's export, before a full save
+    run_trainer(resumed, config(tiny_model, prompts, **cfg))
+    assert [m["fingerprint"] for m in metrics(resumed)][-2:] == [m["fingerprint"] for m in metrics(straight)][-2:]

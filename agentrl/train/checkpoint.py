@@ -1,11 +1,18 @@
-"""Trainer checkpoints: checkpoints/iter_<n>/ written aside and renamed in, then `latest` moved to n.
+"""Trainer checkpoints: checkpoints/iter_<n>/ written aside and renamed in; `latest` names the newest full one.
 
-    iter_<n>/model.pt optimizer.pt rng.pt   the backend's state and every RNG
+    iter_<n>/model.pt optimizer.pt rng.pt   the backend's state and every RNG (a full checkpoint only)
     iter_<n>/trainer.json                  TrainerState: rollouts done, steps, weight version, prompt source
     iter_<n>/hf/                           a Hugging Face export, for inference reloads and eval
 
-A reader (a resumed trainer, an eval watcher) trusts only what `latest` names, or a directory whose
-trainer.json is there: a directory appears whole (rename(2)) or not at all.
+A full checkpoint (every `save_every` rollouts, and the last) is what a resumed trainer loads; the
+rollouts between that publish weights write only the export (`full: false`): a quarter of the bytes
+in float32, without the weights' second copy and Adam's two moments. A reader (a resumed trainer, an eval watcher) trusts only what
+`latest` names, or a directory whose trainer.json is there: a directory appears whole (rename(2))
+or not at all.
+
+Retention (`retention_plan`, pure; `apply_retention`, its shell) keeps the newest `keep_last` full
+checkpoints' state, and drops an export once its eval summary exists (keep_exports: until_evaluated),
+never the weights the servers were last told to load.
 """
 
 from __future__ import annotations
@@ -14,7 +21,8 @@ import os
 import random
 import shutil
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Set
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -33,6 +41,7 @@ class TrainerState(Record):
     optimizer_steps: int
     weight_version: int
     prompt_source: dict[str, Any]
+    full: bool = True         # the backend's state and RNGs are here: a resumed trainer may load it
 
 
 class Saveable(Protocol):
@@ -43,7 +52,8 @@ class Saveable(Protocol):
 
 def save_checkpoint(run: RunLayout, policy: Saveable, state: TrainerState, *, rank: int = 0,
                     collective: bool = False, barrier: Callable[[], None] = lambda: None) -> Path:
-    """Write iter_<n> whole and point `latest` at it; returns its path.
+    """Write iter_<n> whole and, if it is full (`state.full`), point `latest` at it; returns its path.
+    One that is not holds only the HF export (and trainer.json).
 
     Rank 0 alone writes, unless the policy's save and export are collective (Megatron's sharded
     state: every rank writes its shard into the same directory); then every rank calls this."""
@@ -59,20 +69,24 @@ def save_checkpoint(run: RunLayout, policy: Saveable, state: TrainerState, *, ra
     barrier()
     try:
         if rank == 0 or collective:
-            policy.save(tmp)
+            if state.full:
+                policy.save(tmp)
             policy.export_hf(tmp / "hf")
         barrier()
         if rank == 0:
-            torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-                        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
-                       tmp / "rng.pt")
+            if state.full:
+                torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+                            "python": random.getstate(),
+                            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+                           tmp / "rng.pt")
             fsync_tree(tmp)      # on disk before the rename makes it a checkpoint
             write_record(tmp / "trainer.json", state)      # last: the directory is trusted with it only
             if final.exists():    # a crash after the rename, before `latest` moved: this one replaces it
                 shutil.rmtree(final)
             os.rename(tmp, final)
             fsync_dir(run.checkpoints_dir)
-            run.publish_latest(n)
+            if state.full:
+                run.publish_latest(n)
     finally:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -98,12 +112,43 @@ def load_latest(run: RunLayout, policy: Saveable | None = None) -> TrainerState 
     return state
 
 
-def prune(run: RunLayout, keep: int) -> list[Path]:
-    """Remove all but the newest `keep` complete checkpoints (never the one `latest` names)."""
-    latest = run.latest_checkpoint()
-    done = sorted(int(p.name.removeprefix("iter_")) for p in run.checkpoints_dir.glob("iter_*")
-                  if p.name.removeprefix("iter_").isdigit() and (p / "trainer.json").exists())
-    gone = [n for n in done[:-keep] if n != latest] if keep > 0 else []
-    for n in gone:
-        shutil.rmtree(run.checkpoint_dir(n), ignore_errors=True)
-    return [run.checkpoint_dir(n) for n in gone]
+@dataclass(frozen=True)
+class Retention:
+    drop_state: tuple[int, ...]       # full checkpoints whose backend state and RNGs go (trainer.json, hf/ stay)
+    drop_export: tuple[int, ...]      # checkpoints whose hf/ goes
+
+
+def retention_plan(checkpoints: Mapping[int, tuple[bool, bool]], *, keep_last: int, keep_exports: str,
+                   evaluated: Set[int], published: int | None, latest: int | None) -> Retention:
+    """What to remove, given each complete checkpoint's (full, has an export): all but the newest
+    `keep_last` full ones lose their state (never the one `latest` names); an export whose eval summary
+    exists goes with keep_exports "until_evaluated" (never the published weights)."""
+    full = sorted(n for n, (is_full, _) in checkpoints.items() if is_full)
+    drop_state = tuple(n for n in full[:-keep_last] if n != latest)
+    drop_export = () if keep_exports == "all" else tuple(
+        sorted(n for n, (_, has_hf) in checkpoints.items() if has_hf and n in evaluated and n != published))
+    return Retention(drop_state, drop_export)
+
+
+def apply_retention(run: RunLayout, *, keep_last: int, keep_exports: str) -> Retention:
+    """Rank 0's pruning after a rollout's checkpoint and publish (retention_plan, on what is on disk)."""
+    complete = {}
+    for p in run.checkpoints_dir.glob("iter_*"):
+        n = p.name.removeprefix("iter_")
+        if n.isdigit() and (p / "trainer.json").is_file():
+            state = read_record(p / "trainer.json", TrainerState)
+            complete[int(n)] = (state.full, (p / "hf").is_dir())
+    published = run.published_weights()
+    plan = retention_plan(complete, keep_last=keep_last, keep_exports=keep_exports,
+                          evaluated={n for n in complete if (run.eval_dir(n) / "summary.json").is_file()},
+                          published=published[0] if published else None, latest=run.latest_checkpoint())
+    for n in plan.drop_state:
+        path = run.checkpoint_dir(n)
+        state = read_record(path / "trainer.json", TrainerState)
+        write_record(path / "trainer.json", state.model_copy(update={"full": False}))   # first: never half a state
+        for entry in path.iterdir():
+            if entry.name not in ("hf", "trainer.json"):
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    for n in plan.drop_export:
+        shutil.rmtree(run.checkpoint_dir(n) / "hf", ignore_errors=True)
+    return plan

@@ -62,8 +62,12 @@ class TrainConfig(BaseModel):
     # trainer's log-probs use the same temperature, or every ratio is off from the first step.
     rollout_temperature: float = Field(default=1.0, gt=0)
     # checkpoints and weights
-    save_every: int = Field(default=1, gt=0)             # rollouts between checkpoints
+    save_every: int = Field(default=1, gt=0)             # rollouts between full checkpoints (state to resume)
     publish_every: int = Field(default=1, gt=0)          # rollouts between weight reloads of inference
+    # Retention (agentrl/train/checkpoint.py): the newest keep_last full checkpoints keep their state; an
+    # HF export goes once its eval summary exists ("until_evaluated"), or stays ("all")
+    keep_last: int = Field(default=2, gt=0)
+    keep_exports: Literal["until_evaluated", "all"] = "until_evaluated"
     evals_after_last: bool = False                       # publish weights after the last rollout too
     publish_timeout_s: float = Field(default=600.0, gt=0)
     colocated: bool = False     # inference shares the trainer's GPUs: it releases its memory while training

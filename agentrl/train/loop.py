@@ -27,7 +27,7 @@ from hpc.runlayout import RunLayout
 from ..rollout.metrics import rollout_report
 from ..rollout.source import PromptSource, load_prompt_rows
 from .batch import plan_steps, rollout_batch, shuffle_rewards
-from .checkpoint import TrainerState, load_latest, save_checkpoint
+from .checkpoint import TrainerState, apply_retention, load_latest, save_checkpoint
 from .config import TrainConfig
 from .publish import ColocatedInference, InferenceClient, publish_weights
 from .torch_backend import TorchPolicy, barrier, world
@@ -164,9 +164,10 @@ class Trainer:
         n = r + 1
         last = n == cfg.num_rollouts
         publish = (n % cfg.publish_every == 0 and not last) or (last and cfg.evals_after_last)
-        save = n % cfg.save_every == 0 or last or publish
+        full = n % cfg.save_every == 0 or last
+        save = full or publish       # publishing needs only the export the servers load
         state = TrainerState(iteration=n, optimizer_steps=policy.steps, weight_version=n if publish else
-                             state.weight_version, prompt_source=source.state())
+                             state.weight_version, prompt_source=source.state(), full=full)
         if save:
             t2 = self.clock()
             save_checkpoint(self.run, policy, state, rank=self.rank, collective=policy.collective_io, barrier=barrier)
@@ -185,6 +186,8 @@ class Trainer:
             self.run.publish_weights(n, self.run.checkpoint_dir(n) / "hf")   # what a restarted server loads
             metrics.update({"weight_version": n, "publish_s": round(max(times.values(), default=0.0), 3),
                             "inference_servers": len(times)})
+        if save and self.rank == 0:
+            apply_retention(self.run, keep_last=cfg.keep_last, keep_exports=cfg.keep_exports)
         barrier()
         metrics["fingerprint"] = policy.fingerprint()
         self._record(metrics)

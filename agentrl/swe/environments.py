@@ -185,6 +185,8 @@ def _array_task(args: argparse.Namespace, jobs: list[Job]) -> int:
 
 
 def _submit(args: argparse.Namespace, jobs: list[Job], cache: ImageCache) -> int:
+    if args.parallelism < 1:
+        raise SystemExit(f"agentrl images build: --parallelism must be at least 1, got {args.parallelism}")
     pending = [i for i, job in enumerate(jobs) if cache.find(job.label, args.format) is None]
     print(f"{len(jobs) - len(pending)} of {len(jobs)} builds are cached already", file=sys.stderr)
     if not pending:

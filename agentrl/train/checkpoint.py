@@ -6,9 +6,9 @@
 
 A full checkpoint (every `save_every` rollouts, and the last) is what a resumed trainer loads; the
 rollouts between that publish weights write only the export (`full: false`): a quarter of the bytes
-in float32, without the weights' second copy and Adam's two moments. A reader (a resumed trainer, an eval watcher) trusts only what
-`latest` names, or a directory whose trainer.json is there: a directory appears whole (rename(2))
-or not at all.
+in float32, without the weights' second copy and Adam's two moments. A reader (a resumed trainer,
+an eval watcher) trusts only what `latest` names, or a directory whose trainer.json is there: a
+directory appears whole (rename(2)) or not at all.
 
 Retention (`retention_plan`, pure; `apply_retention`, its shell) keeps the newest `keep_last` full
 checkpoints' state, and drops an export once its eval summary exists (keep_exports: until_evaluated),

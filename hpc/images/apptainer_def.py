@@ -82,7 +82,8 @@ def definition(plan: DockerfilePlan, context: str, build_args: Mapping[str, str]
                 if op == "ENV":
                     environment.append(line)
         elif op == "WORKDIR":
-            post.append(f"mkdir -p {shlex.quote(words[0])} && cd {shlex.quote(words[0])}")
+            path = _env_value(words[0])       # ENV and ARG expand in WORKDIR, as Docker's do
+            post.append(f"mkdir -p {path} && cd {path}")
         elif op == "SHELL":
             shell = json.loads(step.value)
         elif op == "USER":

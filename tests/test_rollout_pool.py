@@ -5,6 +5,7 @@ fixes the bundled task with one bash call, then answers.
 """
 
 import asyncio
+import json
 import shutil
 import subprocess
 import sys
@@ -111,3 +112,19 @@ def test_a_record_that_is_not_a_task_fails_its_claim_and_not_the_worker():
     assert worker.counts["bad_tasks"] == 1
     (got, reason), = failed
     assert got == claim and reason.startswith("task: ") and "workdir" in reason
+
+
+def test_the_pool_samples_at_the_temperature_the_trainer_computes_log_probs_at(run, tmp_path):
+    """pool.temperature may only repeat train.rollout_temperature: sampling at another makes every PPO
+    ratio wrong. A run whose sections disagree is refused before the pool claims anything."""
+    pool = load_pool_config({"temperature": 0.7})
+    with pytest.raises(ValueError, match="pool.temperature 0.7 differs from train.rollout_temperature 1.0"):
+        pool.sampling(1.0)
+    assert pool.sampling(0.7)["temperature"] == 0.7
+    assert load_pool_config({}).sampling(0.5) == {"temperature": 0.5, "top_p": 1.0, "max_new_tokens": 4096}
+    config = run.manifest().config
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(json.dumps({**config, "pool": {**config["pool"], "temperature": 0.7}}))
+    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "pool", str(run.root), "--config", str(bad)],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 2 and "differs from train.rollout_temperature" in r.stderr, r.stderr

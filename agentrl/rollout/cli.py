@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
             raw, base, source = layout.manifest().config, layout.config_base(), str(run_dir / "run.yaml")
         train = train_section(raw, base, source)
         pool = load_pool_config((raw or {}).get("pool"), source=f"{source}: pool").resolved(base)
+        pool.sampling(train.rollout_temperature)      # refused here, before any attempt, if they disagree
     except (TrainConfigError, PoolConfigError, RunDirError, RecordError, OSError, yaml.YAMLError) as e:
         print(f"agentrl pool: {e}", file=sys.stderr)
         return 2

@@ -29,7 +29,9 @@ class PoolConfig(BaseModel):
     lease_s: float = Field(default=120.0, gt=5)
     poll_s: float = Field(default=1.0, gt=0)
     # the model, as the adapter serves it to the agents
-    temperature: float | None = Field(default=None, gt=0)   # default: train.rollout_temperature
+    # the trainer's log-probs are at train.rollout_temperature: sampling at any other makes every PPO
+    # ratio wrong, so this may only repeat it (sampling(), below)
+    temperature: float | None = Field(default=None, gt=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     max_context: int = Field(default=32768, gt=0)
     max_new_tokens: int = Field(default=4096, gt=0)
@@ -45,6 +47,17 @@ class PoolConfig(BaseModel):
     empty_patch_policy: Literal["off", "metrics", "abort"] = "metrics"
     extra_args: list[str] = Field(default_factory=list)
     extra_env: dict[str, str] = Field(default_factory=dict)
+
+    def sampling(self, rollout_temperature: float) -> dict[str, float | int]:
+        """The sampling parameters the adapter passes to inference, at the trainer's temperature.
+
+        Raises PoolConfigError if pool.temperature says otherwise."""
+        if self.temperature is not None and self.temperature != rollout_temperature:
+            raise PoolConfigError(f"pool.temperature {self.temperature} differs from train.rollout_temperature "
+                                  f"{rollout_temperature}, at which the trainer computes the sampler's log-probs: "
+                                  "every importance ratio would be wrong. Remove pool.temperature and set "
+                                  "train.rollout_temperature")
+        return {"temperature": rollout_temperature, "top_p": self.top_p, "max_new_tokens": self.max_new_tokens}
 
     def resolved(self, base: Path) -> PoolConfig:
         """Relative directories made absolute against `base` (the config file's directory)."""

@@ -82,10 +82,8 @@ class PoolWorker:
         serving = asyncio.ensure_future(server.serve())
         registry = Registry(self.run.services_dir)
         record = registry.register("pool", self.index, host=socket.gethostname(), socket=socket_path)
-        temperature = cfg.temperature or self.train.rollout_temperature
         ctx = PoolContext(cfg, server.adapter, socket_path, self.tools_dir, asyncio.Semaphore(cfg.max_booting),
-                          asyncio.Semaphore(cfg.max_agents),
-                          {"temperature": temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens},
+                          asyncio.Semaphore(cfg.max_agents), cfg.sampling(self.train.rollout_temperature),
                           ImageCache(cfg.image_cache) if cfg.image_cache else None)
         slots = asyncio.Semaphore(cfg.max_agents + cfg.max_booting)
         running: set[asyncio.Task] = set()

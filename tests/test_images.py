@@ -3,6 +3,7 @@ SIF and pull command lines, and the Slurm array script."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import multiprocessing
@@ -27,7 +28,7 @@ from hpc.images.build import (
     skopeo_copy_command,
 )
 from hpc.images.cache import ImageCache
-from hpc.images.extract import extract_image
+from hpc.images.extract import extract_image, extract_layer
 from hpc.images.oci import ImageError, open_image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -194,7 +195,7 @@ def test_a_config_that_does_not_match_its_digest_is_refused(layers, tmp_path):
         pass
 
 
-@pytest.mark.parametrize("entries, problem", [
+HOSTILE = [
     ([E("../x")], "escapes the rootfs"),
     ([E("a/../../x")], "escapes the rootfs"),
     ([E("/etc/x")], "absolute path"),
@@ -202,13 +203,15 @@ def test_a_config_that_does_not_match_its_digest_is_refused(layers, tmp_path):
     ([E("evil", "symlink", target="../../.."), E("evil/outside/x")], "through the symlink 'evil'"),
     ([E("d", "dir"), E("d/.wh..")], "invalid whiteout"),
     ([E("x", "hardlink", target="../outside/secret")], "escapes the rootfs"),
-])
+]
+
+
+@pytest.mark.parametrize("entries, problem", HOSTILE)
 def test_hostile_layers_are_refused_without_writing_outside(entries, problem, tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "secret").write_text("s")
-    for e in entries:
-        e.target = e.target.replace("@OUT@", str(outside))
+    entries = [dataclasses.replace(e, target=e.target.replace("@OUT@", str(outside))) for e in entries]
     work = tmp_path / "w" / "x" / "y"
     work.mkdir(parents=True)
     write_oci_layout(work / "layout", [[E("keep")], entries])
@@ -490,3 +493,31 @@ def test_the_layers_format_stacks_to_the_same_tree_and_keeps_a_shared_layer_once
             assert tree == expected                  # whiteouts, an opaque directory, a dir over a file
         else:
             assert tree["opt/app/other.txt"] == ("f", 0o644, b"other\n") and "bin/sh-link" in tree
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the layers format (whiteouts are device nodes) needs root")
+@pytest.mark.parametrize("entries, problem", [
+    *HOSTILE,
+    # a whiteout is a device node made by us: it must not be made through a symlink out of the layer
+    ([E("evil", "symlink", target="@OUT@"), E("evil/.wh.secret")], "through the symlink 'evil'"),
+    ([E("evil", "symlink", target="@OUT@"), E("evil/.wh..wh..opq")], "through the symlink 'evil'"),
+])
+def test_hostile_layers_are_refused_as_layers_too_without_touching_outside(entries, problem, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("s")
+    entries = [dataclasses.replace(e, target=e.target.replace("@OUT@", str(outside))) for e in entries]
+    write_oci_layout(tmp_path / "layout", [entries])
+    with open_image(tmp_path / "layout") as image, pytest.raises(ImageError, match=problem):
+        extract_layer(image.layers[0], tmp_path / "tree")
+    assert sorted(p.name for p in outside.iterdir()) == ["secret"] and (outside / "secret").read_text() == "s"
+    with pytest.raises(OSError):                  # no opaque mark was set on the directory outside either
+        os.getxattr(outside, "trusted.overlay.opaque")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the layers format (whiteouts are device nodes) needs root")
+def test_a_layers_own_device_entries_are_not_made_so_it_cannot_forge_whiteouts(tmp_path):
+    write_oci_layout(tmp_path / "layout", [[E("etc/passwd", "chr"), E("etc/ok", data=b"ok")]])
+    with open_image(tmp_path / "layout") as image:
+        stats = extract_layer(image.layers[0], tmp_path / "tree")
+    assert stats.skipped == ["etc/passwd"] and not os.path.lexists(tmp_path / "tree/etc/passwd")

@@ -21,7 +21,7 @@ from .bases import pulled_base
 from .build import apptainer_build_command, require_tool
 from .buildah import NETWORK_FAILURE_FIX, failed_step, network_failures
 from .cache import Entry, Format, ImageCache, Verify
-from .dockerfile import DOCKERFILE, built_image_name, plan_dockerfile
+from .dockerfile import DOCKERFILE, built_image_name, plan_context
 from .oci import ImageError
 from .registries import mirror_reference
 
@@ -40,8 +40,7 @@ def build_environment_apptainer(context: Path, key: str, cache: ImageCache, fmt:
         return found, False
     if any(c.isspace() for c in str(context)):
         raise ImageError(f"{context}: a build context with whitespace in its path cannot be named in %files")
-    files = [p.relative_to(context).as_posix() for p in context.rglob("*") if p.is_file()]
-    plan = plan_dockerfile((context / DOCKERFILE).read_text(), files)
+    plan = plan_context(context)
     layout = pulled_base(cache, plan.bases[0])
     if layout is not None:                      # pulled to the shared filesystem: no registry needed
         base, insecure, bootstrap = str(layout), False, "oci"

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 from .bases import pulled_base
 from .build import build_image, require_tool
 from .cache import Entry, Format, ImageCache, Verify
-from .dockerfile import DOCKERFILE, built_image_name, plan_dockerfile
+from .dockerfile import DOCKERFILE, built_image_name, plan_context
 from .oci import ImageError
 from .registries import qualified, search_registries
 
@@ -112,8 +112,7 @@ def _bases_from_layouts(context: Path, cache: ImageCache, opts: BuildahOptions, 
     """Each FROM that was pulled into the cache (hpc/images/bases.py), into buildah's storage under the name
     the Dockerfile resolves it to, so that the build never goes to the registry for it."""
     conf = opts.registries_conf.read_text() if opts.registries_conf is not None else None
-    files = [p.relative_to(context).as_posix() for p in context.rglob("*") if p.is_file()]
-    for base in plan_dockerfile((context / DOCKERFILE).read_text(), files).bases:
+    for base in plan_context(context).bases:
         layout = pulled_base(cache, base)
         if layout is None:
             continue

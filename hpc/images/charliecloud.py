@@ -28,7 +28,7 @@ from .bases import pulled_base
 from .build import build_image, require_tool
 from .buildah import NETWORK_FAILURE_FIX, failed_step, network_failures
 from .cache import Entry, Format, ImageCache, Verify
-from .dockerfile import DOCKERFILE, built_image_name, plan_dockerfile
+from .dockerfile import DOCKERFILE, built_image_name, plan_context
 from .oci import ImageError
 
 _STEP = re.compile(r"^\s*(\d+)[.*]\s+(\S.*)$")      # "  4. RUN ..." / "  1* FROM ..." (cached)
@@ -75,8 +75,7 @@ def build_environment_charliecloud(context: Path, key: str, cache: ImageCache, f
     if found is not None:
         return found, False
     ch = [*ch_image_command(), "-s", str(storage)]
-    files = [p.relative_to(context).as_posix() for p in context.rglob("*") if p.is_file()]
-    plan = plan_dockerfile((context / DOCKERFILE).read_text(), files)
+    plan = plan_context(context)
     hexkey = key.partition(":")[2]
     log = cache.root / "logs" / f"{hexkey}.log"
     log.parent.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,7 @@ import posixpath
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from dockerfile_parse import DockerfileParser
 from dockerfile_parse.util import WordSplitter
@@ -214,6 +215,12 @@ def plan_dockerfile(text: str, context_files: Iterable[str] = ()) -> DockerfileP
         raise DockerfileError("has no FROM line: a Dockerfile starts from an image")
     return DockerfilePlan(tuple(bases), workdir, tuple(changes), tuple(dict.fromkeys(network)), froms,
                           tuple(stage_steps), tuple(global_args.items()))
+
+
+def plan_context(context: Path) -> DockerfilePlan:
+    """The plan of the Dockerfile in a build context directory (`context/Dockerfile`, its files beside it)."""
+    files = [p.relative_to(context).as_posix() for p in context.rglob("*") if p.is_file()]
+    return plan_dockerfile((context / DOCKERFILE).read_text(), files)
 
 
 def build_key(files: Mapping[str, bytes], executable: Iterable[str] = (), build_args: Mapping[str, str] = (),

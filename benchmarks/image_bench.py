@@ -114,8 +114,8 @@ async def start_times(cache: ImageCache, layout: Path, rounds: int, scratch: str
             times[k].append(await ready_once(spec))
     p50 = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
     ratio = p50["figure"] / p50["baseline"]
-    return {"rounds": rounds, "figure_layers_p50_s": round(p50["figure"], 4),
-            "baseline_flattened_p50_s": round(p50["baseline"], 4), "ratio": round(ratio, 4),
+    return {"rounds": rounds, "figure_layers_p50_s": round(p50["figure"], 6),
+            "baseline_flattened_p50_s": round(p50["baseline"], 6), "ratio": round(ratio, 4),
             "target_ratio": TARGET_START, "meets_target": ratio <= TARGET_START}
 
 

@@ -61,6 +61,8 @@ sys.path.insert(0, str(ROOT))
 import agentrl.rollout.worker as worker_module  # noqa: E402
 from agentrl.adapter.service import Adapter  # noqa: E402
 from agentrl.models.tiny import EOS_TOKEN, assistant_text, make_tiny_model  # noqa: E402
+from agentrl.prompts.groups import open_rollout  # noqa: E402
+from agentrl.prompts.source import PromptSource, load_prompt_rows  # noqa: E402
 from agentrl.rollout.attempt import PoolContext  # noqa: E402
 from agentrl.rollout.config import load_pool_config  # noqa: E402
 from agentrl.rollout.worker import PoolWorker  # noqa: E402
@@ -271,10 +273,11 @@ class TimedLedger(Ledger):
         super().__init__(root)
         self.claimed: dict[Claim, Stamps] = {}
 
-    def claim(self, worker_id: str, lease_s: float = 60.0, rollout_id: int | None = None) -> Claim | None:
+    def claim(self, worker_id: str, lease_s: float = 60.0, rollout_id: int | None = None,
+              check=None) -> Claim | None:
         cpu = cpu_times()
         t0 = time.monotonic()
-        c = super().claim(worker_id, lease_s, rollout_id)
+        c = super().claim(worker_id, lease_s, rollout_id, check)
         if c is not None:
             self.claimed[c] = Stamps(t0, time.monotonic(), cpu)
         return c
@@ -378,8 +381,10 @@ async def run_batch(work: Path, model: Path, prompts: Path, tools: Path, port: i
             "scratch_dir": str(work / "scratch")}
     run = RunLayout.create(work / "run", config={"train": train, "pool": pool})
     registry = Registry(run.services_dir)
-    Ledger(run.ledger_dir).open_rollout(0, list(range(groups)), attempts=GROUP_SIZE)
-    worker = TimedWorker(run, load_pool_config(pool), load_train_config(train))
+    train_cfg = load_train_config(train)
+    source = PromptSource(load_prompt_rows(prompts), rollout_batch_size=groups, shuffle=False)
+    open_rollout(Ledger(run.ledger_dir), source, 0, attempts=GROUP_SIZE, temperature=train_cfg.rollout_temperature)
+    worker = TimedWorker(run, load_pool_config(pool), train_cfg.model, train_cfg.prompt_data)
     sock = work / "scratch" / f"agentrl-pool-{worker.worker_id}" / "adapter.sock"   # where serve() puts it
     if len(os.fsencode(sock)) > UNIX_PATH_MAX:
         raise SystemExit(f"rollout_bench: the adapter's socket {sock} would be longer than a Unix socket path "

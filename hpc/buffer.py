@@ -120,13 +120,15 @@ def read_shard(path: Path) -> tuple[dict, list[Sample]]:
 
 def read_rollout(ledger: Ledger, buffer_dir: Path, rollout_id: int,
                  groups: list[int] | None = None) -> dict[int, list[Sample]]:
-    """Samples of the complete groups of the rollout's current generation, by group index.
+    """Samples of the rollout's groups (current generation), by group index: of a closed rollout the
+    groups its close fixed, so every reader trains on the same ones; of an open one, those complete now.
 
     Only shards that the ledger committed are read; a shard of another
     generation or attempt is refused, so no stale data is ever trained on.
     """
     status = ledger.status(rollout_id)
-    complete = set(status.complete_groups)
+    closed = ledger.closed(rollout_id) if status.closed else None
+    complete = set(status.complete_groups if closed is None or closed.groups is None else closed.groups)
     if groups is not None:
         complete &= set(groups)
     out: dict[int, list[Sample]] = {g: [] for g in sorted(complete)}

@@ -8,9 +8,10 @@ or O_APPEND), so no two writers ever touch the same file and no lock is held.
       ledger.json                   layout version
       generations/<n>               one file per generation handed out (fencing tokens)
       open/<rollout>-g<gen>         index of rollouts that may hand out claims
+      rollouts/<rollout>/opening-<t>  try t at opening it once (open_once), mtime = its deadline
       rollouts/<rollout>/g<gen>/    one directory per opening of a rollout
-        spec.json                   groups, attempts, max_tries
-        closed                      present once the rollout is closed
+        spec.json                   groups, attempts, max_tries, the opener's payload
+        closed                      present once the rollout is closed: the groups it holds
         claims/<group>-<attempt>-<try>    mtime = lease deadline, renewed by heartbeat
         fails/<group>-<attempt>-<try>     that try gave up
         commits/<group>-<attempt>         the result (ref), never replaced
@@ -26,9 +27,10 @@ import random
 import re
 import socket
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .fsio import fsync_dir, probe_links, temp_path
 from .ledger_records import (
@@ -39,10 +41,11 @@ from .ledger_records import (
     FailRecord,
     GenerationRecord,
     LedgerManifest,
+    OpeningRecord,
     RolloutSpec,
 )
 from .ledger_state import Key, Observation, Spec, TryKey, claimable, needs_deadline, summarize
-from .records import create_record, read_record, write_record
+from .records import create_record, parse_record, read_record, write_record
 
 DEFAULT_MAX_TRIES = 3
 _WORKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
@@ -169,8 +172,11 @@ class Ledger:
 
     # -- trainer side ----------------------------------------------------------
     def open_rollout(self, rollout_id: int, groups: Sequence[int], attempts: int,
-                     max_tries: int = DEFAULT_MAX_TRIES) -> int:
-        """Open (or reopen) a rollout; returns its new generation, newer than any before."""
+                     max_tries: int = DEFAULT_MAX_TRIES, payload: Mapping[str, Any] | None = None) -> int:
+        """Open (or reopen) a rollout; returns its new generation, newer than any before.
+
+        `payload` (JSON) is kept in the spec for workers to read (`spec()`); the ledger never looks in it.
+        """
         _check_index("rollout_id", rollout_id)
         groups = [_check_index("group index", g) for g in groups]
         if not groups or len(set(groups)) != len(groups):
@@ -186,13 +192,43 @@ class Ledger:
             (tmp / sub).mkdir(parents=True)
         write_record(tmp / "spec.json", RolloutSpec(
             rollout_id=rollout_id, generation=gen, groups=groups, attempts=attempts,
-            max_tries=max_tries, opened=self._clock()))
+            max_tries=max_tries, opened=self._clock(), payload=None if payload is None else dict(payload)))
         os.rename(tmp, rdir / f"g{gen}")
         fsync_dir(rdir)
         create_record(self.root / "open" / f"{rollout_id}-g{gen}", GenerationRecord(
             generation=gen, rollout_id=rollout_id))
         self._drop_open_markers(rollout_id, below=gen)
         return gen
+
+    def open_once(self, rollout_id: int, groups: Sequence[int], attempts: int, max_tries: int = DEFAULT_MAX_TRIES,
+                  payload: Mapping[str, Any] | None = None, *, opening_s: float = 30.0,
+                  sleep: Callable[[float], None] = time.sleep) -> RolloutSpec:
+        """Open the rollout unless it is open: whoever comes first opens it, and every caller gets the
+        spec of the one generation (compare its payload with yours). Reopening would supersede the
+        others' claims, so it never happens here.
+
+        The opener holds `rollouts/<r>/opening-<t>` for `opening_s` (its mtime, as a claim's lease):
+        if it dies before the generation appears, the next caller takes try t+1 after that, so
+        nobody waits longer than `opening_s` for a dead opener.
+        """
+        rdir = self._rollout_dir(_check_index("rollout_id", rollout_id))
+        rdir.mkdir(parents=True, exist_ok=True)
+        t = 0
+        while (gen := self.current_generation(rollout_id)) is None:
+            marker = rdir / f"opening-{t}"
+            if create_record(marker, OpeningRecord(rollout_id=rollout_id, try_index=t),
+                             mtime=self._clock() + opening_s, temp_dir=self._temp_dir()):
+                self.open_rollout(rollout_id, groups, attempts, max_tries, payload)
+                continue         # the newest generation: a late dead opener's may have landed meanwhile
+            try:
+                expired = os.stat(marker).st_mtime <= self._clock()
+            except FileNotFoundError:
+                expired = False
+            if expired:
+                t += 1
+            else:
+                sleep(0.05)
+        return self.spec(rollout_id, gen)
 
     def _allocate_generation(self, rollout_id: int) -> int:
         gdir = self.root / "generations"
@@ -218,19 +254,43 @@ class Ledger:
                 out.append((int(rid), int(gen)))
         return out
 
-    def close_rollout(self, rollout_id: int) -> None:
-        """Stop handing out claims for the rollout; claims in flight may still commit."""
-        gen = self.current_generation(rollout_id)
-        if gen is None:
-            raise LedgerError(f"rollout {rollout_id} was never opened in {self.root}")
-        create_record(self._gen_dir(rollout_id, gen) / "closed",
-                      ClosedRecord(rollout_id=rollout_id, generation=gen))
+    def close_rollout(self, rollout_id: int) -> ClosedRecord:
+        """Stop handing out claims and fix the rollout's groups: those complete now.
+
+        Claims in flight may still commit, but what the rollout holds is decided once, by whoever
+        closes it first: a repeated close (a resumed trainer) returns the first one's record.
+        """
+        gen, gen_dir = self._current_dir(rollout_id)
+        closed = ClosedRecord(rollout_id=rollout_id, generation=gen, groups=self.status(rollout_id).complete_groups)
+        if not create_record(gen_dir / "closed", closed):
+            closed = read_record(gen_dir / "closed", ClosedRecord)
         self._drop_open_markers(rollout_id, below=gen + 1)
+        return closed
+
+    def closed(self, rollout_id: int) -> ClosedRecord | None:
+        """The close record of the rollout's current generation, None while it is open (one open(2))."""
+        _gen, gen_dir = self._current_dir(rollout_id)
+        try:
+            raw = (gen_dir / "closed").read_bytes()
+        except FileNotFoundError:
+            return None
+        return parse_record(gen_dir / "closed", raw, ClosedRecord)
+
+    def spec(self, rollout_id: int, generation: int) -> RolloutSpec:
+        """The spec (and payload) of one opening of a rollout."""
+        gen_dir = self._gen_dir(rollout_id, generation)
+        if not gen_dir.is_dir():
+            raise LedgerError(f"rollout {rollout_id} generation {generation} does not exist in {self.root}")
+        return self._spec(gen_dir)
 
     # -- worker side -------------------------------------------------------------
-    def claim(self, worker_id: str, lease_s: float = 60.0,
-              rollout_id: int | None = None) -> Claim | None:
-        """Claim one attempt of an open rollout (the oldest first), or None if none is claimable."""
+    def claim(self, worker_id: str, lease_s: float = 60.0, rollout_id: int | None = None,
+              check: Callable[[RolloutSpec], None] | None = None) -> Claim | None:
+        """Claim one attempt of an open rollout (the oldest first), or None if none is claimable.
+
+        `check(spec)` runs before anything of a rollout is claimed; what it raises propagates and
+        nothing is claimed (a worker that cannot do a rollout's work refuses it without costing a try).
+        """
         if not _WORKER_ID.match(worker_id or ""):
             raise LedgerError(f"worker_id {worker_id!r}: use letters, digits and . _ : @ - (at most 128)")
         if not lease_s > 0:
@@ -243,7 +303,10 @@ class Ledger:
             gen_dir = self._gen_dir(rid, newest[rid])
             if (gen_dir / "closed").exists() or not gen_dir.is_dir():
                 continue
-            c = self._claim_in(gen_dir, self._spec(gen_dir), worker_id, lease_s)
+            spec = self._spec(gen_dir)
+            if check is not None:
+                check(spec)
+            c = self._claim_in(gen_dir, spec, worker_id, lease_s)
             if c is not None:
                 return c
         return None

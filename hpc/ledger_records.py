@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from .records import Record
 
@@ -20,6 +20,13 @@ class GenerationRecord(Record):
     rollout_id: int
 
 
+class OpeningRecord(Record):
+    """rollouts/<r>/opening-<t>: try t at opening the rollout once (Ledger.open_once); mtime = its deadline."""
+    kind: Literal["opening"] = "opening"
+    rollout_id: int
+    try_index: int
+
+
 class RolloutSpec(Record):
     kind: Literal["rollout"] = "rollout"
     rollout_id: int
@@ -28,6 +35,9 @@ class RolloutSpec(Record):
     attempts: int
     max_tries: int
     opened: float
+    # What the opener says each group is, for the workers to read and never recompute. Opaque here:
+    # the application defines it (agentrl.prompts.groups); hpc knows nothing of prompts or sampling.
+    payload: dict[str, Any] | None = None
 
 
 class _AttemptRecord(Record):
@@ -59,3 +69,6 @@ class ClosedRecord(Record):
     kind: Literal["closed"] = "closed"
     rollout_id: int
     generation: int
+    # The groups complete when the rollout closed: what is read from it (hpc.buffer.read_rollout), by
+    # every reader alike, though attempts in flight may still commit. None in a ledger of older code.
+    groups: list[int] | None = None

@@ -62,6 +62,25 @@ def test_reader_returns_only_committed_complete_groups_of_the_current_generation
     assert sorted(got) == [0, 1] and all(s.reward == 10 for ss in got.values() for s in ss)
 
 
+def test_every_reader_of_a_closed_rollout_gets_the_groups_its_close_fixed(tmp_path):
+    """Issue 15, defect 1: a commit landing between two ranks' reads must not give them different batches."""
+    led, buf = Ledger(tmp_path / "ledger", seed=0), tmp_path / "buf"
+    led.open_rollout(0, [0, 1, 2], 1)
+    claims = {c.group: c for c in iter(lambda: led.claim("w"), None)}
+    for g in (0, 1):
+        led.commit(claims[g], write_shard(buf, claims[g], [sample(g, 0)]))
+    closed = led.close_rollout(0)                         # rank 0 decides: groups 0 and 1
+    assert closed.groups == [0, 1]
+    rank0 = read_rollout(Ledger(tmp_path / "ledger"), buf, 0)
+    # Group 2's attempt was in flight at the close; it commits before rank 1 reads.
+    assert led.commit(claims[2], write_shard(buf, claims[2], [sample(2, 0)]))
+    assert led.status(0).complete_groups == [0, 1, 2]
+    rank1 = read_rollout(Ledger(tmp_path / "ledger"), buf, 0)
+    assert sorted(rank0) == sorted(rank1) == [0, 1]
+    # A resumed trainer closing again gets the first decision, not a new one.
+    assert led.close_rollout(0).groups == [0, 1] and led.closed(0).groups == [0, 1]
+
+
 def test_a_shard_that_does_not_match_its_commit_is_refused(tmp_path):
     led, buf = Ledger(tmp_path / "ledger", seed=0), tmp_path / "buf"
     led.open_rollout(0, [0, 1], 1)

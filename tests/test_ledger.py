@@ -176,3 +176,44 @@ def test_temp_files_of_crashed_writers_are_ignored(led):
     (claims / ".0-0-0.tmp-host-1-abcd").write_text("")
     c = led.claim("w")
     assert isinstance(c, Claim) and c.try_index == 0
+
+
+def _open_once_in_a_process(root, out):
+    spec = Ledger(root).open_once(0, [0, 1], 2, payload={"tasks": ["a", "b"]})
+    out.put(spec.generation)
+
+
+def test_open_once_opens_one_generation_whoever_comes_first(tmp_path):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_open_once_in_a_process, args=(tmp_path / "ledger", out)) for _ in range(6)]
+    for p in procs:
+        p.start()
+    gens = [out.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(10)
+    led = Ledger(tmp_path / "ledger")
+    assert len(set(gens)) == 1 and sorted(os.listdir(tmp_path / "ledger/rollouts/0")) == [f"g{gens[0]}", "opening-0"]
+    assert led.spec(0, gens[0]).payload == {"tasks": ["a", "b"]}
+    # Once open, a later caller gets it as it is, whatever it asks for: it compares the payload itself.
+    assert led.open_once(0, [7], 1, payload={"tasks": ["other"]}).payload == {"tasks": ["a", "b"]}
+
+
+def test_an_opener_that_died_before_opening_holds_the_others_only_until_its_deadline(led, clock):
+    """The opener of an eval dies between marking itself the opener and opening: nobody spins forever."""
+    from hpc.ledger_records import OpeningRecord
+    from hpc.records import create_record
+
+    (led.root / "rollouts/0").mkdir(parents=True)
+    create_record(led.root / "rollouts/0/opening-0", OpeningRecord(rollout_id=0, try_index=0), mtime=clock.t + 30)
+    waits = []
+
+    def sleep(s):
+        waits.append(s)
+        clock.t += s
+    spec = led.open_once(0, [0, 1], 2, opening_s=30, sleep=sleep)
+    assert spec.groups == [0, 1] and led.current_generation(0) == spec.generation
+    assert 29 <= sum(waits) <= 30.1                        # it waited out the dead opener's deadline, no more
+    assert (led.root / "rollouts/0/opening-1").exists()    # and took the next try

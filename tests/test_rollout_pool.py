@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from scripted_upstream import ScriptedUpstream, logprob
 
+from agentrl.prompts.groups import open_rollout
+from agentrl.prompts.source import PromptSource, load_prompt_rows
 from agentrl.rollout.config import load_pool_config
 from agentrl.rollout.worker import PoolWorker
 from agentrl.train.config import load_train_config
@@ -62,11 +64,12 @@ def test_a_pool_worker_runs_attempts_end_to_end(run, tiny_model):
         upstream.push(*[step(upstream)] * 4)
         Registry(run.services_dir).register("inference", 0, host="127.0.0.1", port=int(upstream.url.rsplit(":", 1)[1]))
         ledger = Ledger(run.ledger_dir)
-        ledger.open_rollout(0, [0], attempts=2)
+        source = PromptSource(load_prompt_rows(train.prompt_data), rollout_batch_size=1)
+        open_rollout(ledger, source, 0, attempts=2, temperature=train.rollout_temperature)
 
         async def go():
             stop = asyncio.Event()
-            worker = PoolWorker(run, pool, train)
+            worker = PoolWorker(run, pool, train.model, train.prompt_data)
             serving = asyncio.create_task(worker.serve(stop))
             for _ in range(600):
                 if ledger.status(0).committed == 2 or serving.done():
@@ -106,7 +109,7 @@ def test_a_record_that_is_not_a_task_fails_its_claim_and_not_the_worker():
     bad = {"prompt": "p", "metadata": {"instance_id": "t", "image": "host", "workdir": "/", "eval_command": "true",
                                        "timeouts": {"agent_s": 1, "eval_s": 1},
                                        "harbor": {"test_sh": "", "test_files": {"../../etc/x": ""}}}}
-    worker = SimpleNamespace(task_for=lambda group: load_record(bad), counts=Counter(), _fail=fail)
+    worker = SimpleNamespace(task_for=lambda claim: load_record(bad), counts=Counter(), _fail=fail)
     claim = Claim(rollout_id=0, group=3, attempt=1, generation=0)
     asyncio.run(PoolWorker._attempt(worker, None, claim))
     assert worker.counts["bad_tasks"] == 1

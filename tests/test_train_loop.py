@@ -77,7 +77,7 @@ def test_a_trainer_killed_after_opening_keeps_the_rollouts_commits(tiny_model, p
     cfg = config(tiny_model, prompts, num_rollouts=1)
     run = RunLayout.create(tmp_path / "run")
     trainer = Trainer(run, cfg)
-    from agentrl.rollout.source import PromptSource
+    from agentrl.prompts.source import PromptSource
     source = PromptSource(trainer.rows, rollout_batch_size=3, seed=0)
     trainer.open_rollout(0, source)
     gen = trainer.ledger.current_generation(0)

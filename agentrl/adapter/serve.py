@@ -58,7 +58,9 @@ class AdapterServer:
                         t.result()     # raises the bind error
                 raise RuntimeError("the adapter server stopped while starting")
             await asyncio.sleep(0.01)
-        self.port = self._servers[0].servers[0].sockets[0].getsockname()[1]
+        sockets = [sock for server in self._servers[0].servers for sock in server.sockets]
+        if sockets:                    # none if stopped while it started
+            self.port = sockets[0].getsockname()[1]
         await asyncio.gather(*tasks)
         await self.adapter.pool.aclose()
 

@@ -132,7 +132,7 @@ class CheckpointEval:
             serving = asyncio.ensure_future(server.serve())
             try:
                 ctx = PoolContext(pool, adapter, str(sock_dir / "adapter.sock"), tools,
-                                  asyncio.Semaphore(pool.max_booting), asyncio.Semaphore(pool.max_agents), {})
+                                  asyncio.Semaphore(pool.max_booting), asyncio.Semaphore(pool.max_agents))
                 await self._attempts(ledger, ctx)
             finally:
                 server.request_stop()

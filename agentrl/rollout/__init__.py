@@ -1,1 +1,1 @@
-"""Rollouts: which prompts each rollout takes (source)."""
+"""Rollouts: the pool worker, one attempt, rollout metrics."""

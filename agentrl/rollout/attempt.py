@@ -55,7 +55,6 @@ class PoolContext:
     tools_dir: Path
     boot: asyncio.Semaphore
     agents: asyncio.Semaphore
-    sampling: dict[str, Any]
     cache: ImageCache | None = None
     limits_reported: bool = False     # the node's unenforceable limits are said once, at the first sandbox
 
@@ -85,8 +84,8 @@ def buffer_samples(result: Mapping[str, Any], *, reward: float, group: int, atte
 
 
 async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt: int,
-                      sampling: Mapping[str, Any] | None = None) -> AttemptOutcome:
-    """One attempt; `sampling` (a per-attempt seed, say) replaces the context's sampling values."""
+                      sampling: Mapping[str, Any]) -> AttemptOutcome:
+    """One attempt, its model sampled with `sampling` (the rollout's temperature, a per-attempt seed)."""
     cfg, spec = ctx.cfg, task.spec
     harness = get_harness(cfg.harness)
     if spec.timeouts and cfg.agent_timeout_s:
@@ -114,7 +113,7 @@ async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt
                     raise InfraError(f"sandbox: {e}") from None
             timings["boot_s"] = time.monotonic() - t0
 
-            session = ctx.adapter.sessions.open(sampling=dict(sampling or ctx.sampling),
+            session = ctx.adapter.sessions.open(sampling=dict(sampling),
                                                 metadata={"group": group, "attempt": attempt, "task": spec.instance_id})
             key = session.key
             command = harness.command(HarnessRun(

@@ -1,9 +1,10 @@
 """`agentrl pool [RUN_DIR] [--config CONFIG]`: the rollout pool role, one worker per CPU node.
 
 As a role of `agentrl launch` the run directory comes from AGENTRL_RUN_DIR, the config from the
-run's run.yaml (its `pool:` and `train:` sections: the pool draws prompts as the trainer does),
-and the worker's index from AGENTRL_TASK_INDEX. SIGTERM stops claiming and lets running attempts
-finish.
+run's run.yaml (its `pool:` section, and from `train:` the model's tokenizer and the prompt data:
+which row each group is comes from the trainer, in the ledger), and the worker's index from
+AGENTRL_TASK_INDEX. SIGTERM stops claiming and lets running attempts finish. Exit 2: the config is
+wrong, or this pool's prompt data or temperature is not the trainer's.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from hpc.records import RecordError
     from hpc.runlayout import RunDirError, RunLayout
 
+    from ..prompts.groups import RolloutGroupsError
     from ..train.cli import train_section
     from ..train.config import TrainConfigError
     from .config import PoolConfigError, load_pool_config
@@ -54,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     except (TrainConfigError, PoolConfigError, RunDirError, RecordError, OSError, yaml.YAMLError) as e:
         print(f"agentrl pool: {e}", file=sys.stderr)
         return 2
-    worker = PoolWorker(layout, pool, train, index=role.task_index)
+    worker = PoolWorker(layout, pool, train.model, train.prompt_data, index=role.task_index)
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -63,5 +65,9 @@ def run(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         counts = await worker.serve(stop, max_attempts=args.max_attempts)
         print("agentrl pool: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), flush=True)
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except (RolloutGroupsError, PoolConfigError) as e:     # this pool cannot do the trainer's rollouts
+        print(f"agentrl pool: {e}", file=sys.stderr)
+        return 2
     return 0

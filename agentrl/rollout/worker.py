@@ -1,5 +1,11 @@
 """The pool worker role: claim attempts, run them in sandboxes against a local adapter, commit their samples.
 
+What a group is (its prompt row, the task's id, the sampling temperature) is read from the rollout's
+spec, as the trainer opened it (agentrl.prompts.groups), never recomputed here. Before claiming
+anything of a rollout the worker checks its own prompt data is the trainer's (same sha256) and that
+its config samples at the trainer's temperature; if not it refuses the rollout and stops
+(`RolloutGroupsError`, `PoolConfigError`), with no try of any attempt spent.
+
 One worker per CPU node. It serves one adapter (a Unix socket that every sandbox gets) and runs
 attempts concurrently: at most `max_booting` sandboxes booting or grading and `max_agents` agents
 at once. Each attempt's lease is renewed while it runs; a lost lease cancels the attempt (another
@@ -21,18 +27,19 @@ from pathlib import Path
 from hpc.buffer import write_shard
 from hpc.images.cache import ImageCache
 from hpc.ledger import Claim, Ledger, StaleGeneration
+from hpc.ledger_records import RolloutSpec
 from hpc.registry import Registry
 from hpc.runlayout import RunLayout
 
 from ..adapter.serve import AdapterServer
 from ..adapter.service import Adapter, AdapterConfig
 from ..harness import get_harness
+from ..prompts.groups import RolloutGroups, check_rows
+from ..prompts.source import load_prompt_rows, rows_fingerprint
 from ..swe.check import LoadedTask, load_record
 from ..swe.task import TaskSpecError
-from ..train.config import TrainConfig
 from .attempt import InfraError, PoolContext, run_attempt
 from .config import PoolConfig
-from .source import PromptSource, load_prompt_rows
 
 log = logging.getLogger("agentrl.pool")
 
@@ -41,30 +48,46 @@ log = logging.getLogger("agentrl.pool")
 class PoolWorker:
     run: RunLayout
     cfg: PoolConfig
-    train: TrainConfig
+    tokenizer: Path              # the trained model's (train.model)
+    prompt_data: Path            # train.prompt_data: must be the trainer's rows
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     index: int = 0
     counts: Counter = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.run.ledger_dir)
-        rows = load_prompt_rows(self.train.prompt_data)
-        # The trainer's source: group index g is the same prompt here as there.
-        self.source = PromptSource(rows, rollout_batch_size=self.train.rollout_batch_size, shuffle=self.train.shuffle,
-                                   seed=self.train.seed)
+        self.rows = load_prompt_rows(self.prompt_data)
+        self.rows_sha256 = rows_fingerprint(self.rows)
+        self._rollouts: dict[tuple[int, int], RolloutGroups] = {}    # (rollout, generation) -> its groups
         self._tasks: dict[int, LoadedTask] = {}
         # Shared by runs: the CLIs are hundreds of MB. On a cluster, point it at the shared filesystem.
         self.tools_dir = self.cfg.tools_dir or Path.home() / ".cache" / "agentrl" / "tools"
 
-    def task_for(self, group: int) -> LoadedTask:
-        row = self.source.row_index(group)
+    def check_rollout(self, spec: RolloutSpec) -> None:
+        """Raise unless this worker can do the rollout's work: the trainer's prompt data, its temperature."""
+        key = (spec.rollout_id, spec.generation)
+        if key not in self._rollouts:
+            groups = RolloutGroups.parse(spec.payload, f"rollout {spec.rollout_id} generation {spec.generation}")
+            check_rows(groups, self.rows, self.rows_sha256, where=str(self.prompt_data))
+            self.cfg.sampling(groups.temperature)
+            self._rollouts[key] = groups
+
+    def groups_of(self, claim: Claim) -> RolloutGroups:
+        key = (claim.rollout_id, claim.generation)
+        if key not in self._rollouts:
+            self.check_rollout(self.ledger.spec(*key))
+        return self._rollouts[key]
+
+    def task_for(self, claim: Claim) -> LoadedTask:
+        groups = self.groups_of(claim)
+        row = groups.groups[claim.group].row if claim.group in groups.groups else -1
         if row not in self._tasks:
-            self._tasks[row] = load_record(self.source.rows[row])
+            self._tasks[row] = load_record(groups.task(claim.group, self.rows))
         return self._tasks[row]
 
     def adapter(self) -> Adapter:
         cfg = self.cfg
-        return Adapter(AdapterConfig(tokenizer=self.train.model, upstreams=[f"registry:{self.run.root}"],
+        return Adapter(AdapterConfig(tokenizer=self.tokenizer, upstreams=[f"registry:{self.run.root}"],
                                      tool_parser=cfg.tool_parser, reasoning_parser=cfg.reasoning_parser,
                                      max_context=cfg.max_context, max_new_tokens=cfg.max_new_tokens,
                                      model_name=cfg.model_name))
@@ -83,15 +106,15 @@ class PoolWorker:
         registry = Registry(self.run.services_dir)
         record = registry.register("pool", self.index, host=socket.gethostname(), socket=socket_path)
         ctx = PoolContext(cfg, server.adapter, socket_path, self.tools_dir, asyncio.Semaphore(cfg.max_booting),
-                          asyncio.Semaphore(cfg.max_agents), cfg.sampling(self.train.rollout_temperature),
-                          ImageCache(cfg.image_cache) if cfg.image_cache else None)
+                          asyncio.Semaphore(cfg.max_agents), ImageCache(cfg.image_cache) if cfg.image_cache else None)
         slots = asyncio.Semaphore(cfg.max_agents + cfg.max_booting)
         running: set[asyncio.Task] = set()
         started = 0
         try:
             while not stop.is_set() and (max_attempts is None or started < max_attempts):
                 await slots.acquire()
-                claim = await asyncio.to_thread(self.ledger.claim, self.worker_id, cfg.lease_s)
+                claim = await asyncio.to_thread(self.ledger.claim, self.worker_id, cfg.lease_s,
+                                                check=self.check_rollout)
                 if claim is None:
                     slots.release()
                     record = await asyncio.to_thread(registry.heartbeat, record)
@@ -117,7 +140,8 @@ class PoolWorker:
     async def _attempt(self, ctx: PoolContext, claim: Claim) -> None:
         where = f"rollout {claim.rollout_id} group {claim.group} attempt {claim.attempt} try {claim.try_index}"
         try:
-            task = self.task_for(claim.group)
+            task = self.task_for(claim)
+            sampling = self.cfg.sampling(self.groups_of(claim).temperature)
         except (TaskSpecError, ValueError, KeyError) as e:
             # The prompt data's record cannot be a task (hostile or broken data): the claim fails, named,
             # and the ledger's bound on tries ends it; it must not escape the attempt and the worker.
@@ -125,7 +149,8 @@ class PoolWorker:
             log.error("%s: the task's record is invalid: %s", where, e)
             await self._fail(claim, f"task: {e}")
             return
-        work = asyncio.create_task(run_attempt(ctx, task, group=claim.group, attempt=claim.attempt))
+        work = asyncio.create_task(run_attempt(ctx, task, group=claim.group, attempt=claim.attempt,
+                                               sampling=sampling))
         beat = asyncio.create_task(self._heartbeat(claim, work))
         try:
             outcome = await work

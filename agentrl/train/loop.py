@@ -2,9 +2,11 @@
 
 Every rank runs this loop; rank 0 alone writes to the ledger, checkpoints, metrics and inference
 servers, and the ranks meet at barriers. Rollout r asks the prompt source for absolute groups
-[r*B, (r+1)*B): pool workers map a group index to its prompt with the same source, and a resumed
-run draws exactly the groups the uninterrupted one would have. A trainer killed mid-rollout
-resumes from `latest` and keeps the rollout's open generation and its commits.
+[r*B, (r+1)*B), and rank 0 opens the rollout with what each group is (agentrl.prompts.groups): pool
+workers read that and never recompute it, and a resumed run draws exactly the groups the
+uninterrupted one would have. Rank 0 alone polls the ledger; its close fixes the groups trained on,
+which every rank then reads (the other ranks wait for the close with one stat a poll). A trainer
+killed mid-rollout resumes from `latest` and keeps the rollout's open generation and its commits.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from hpc.ledger import Ledger
 from hpc.registry import Registry
 from hpc.runlayout import RunLayout
 
+from ..prompts.groups import RolloutGroups, open_rollout, rollout_payload
+from ..prompts.source import PromptSource, load_prompt_rows
 from ..rollout.metrics import rollout_report
-from ..rollout.source import PromptSource, load_prompt_rows
 from .batch import plan_steps, rollout_batch, shuffle_rewards
 from .checkpoint import TrainerState, apply_retention, load_latest, save_checkpoint
 from .config import TrainConfig
@@ -35,6 +38,7 @@ from .tracking import NoTracker, Tracker, make_tracker
 
 log = logging.getLogger("agentrl.train")
 POLL_S = 1.0
+CLOSE_GRACE_S = 300.0     # beyond rollout_timeout_s, how long ranks > 0 wait for rank 0 to close a rollout
 
 
 @dataclass
@@ -55,15 +59,21 @@ class Trainer:
     # ------------------------------------------------------------ one rollout's data
 
     def open_rollout(self, r: int, source: PromptSource) -> None:
-        """Open rollout r unless it is open already (a resumed trainer keeps what was committed)."""
+        """Open rollout r, unless it is open already with these groups (a resumed trainer keeps what was
+        committed); one opened with other groups or sampling (older code, other data) is reopened."""
         if self.rank != 0:
             return
+        payload = rollout_payload(source, r, temperature=self.cfg.rollout_temperature)
         gen = self.ledger.current_generation(r)
-        if gen is None:
-            self.ledger.open_rollout(r, list(source.group_indices(r)), self.cfg.n_samples_per_prompt,
-                                     self.cfg.max_tries)
-            log.info("rollout %d: opened %d groups x %d attempts", r, self.cfg.rollout_batch_size,
-                     self.cfg.n_samples_per_prompt)
+        if gen is not None:
+            found = self.ledger.spec(r, gen).payload
+            if found is not None and RolloutGroups.parse(found, "ledger") == RolloutGroups.parse(payload, "trainer"):
+                return
+            log.warning("rollout %d: generation %d was opened with other groups or sampling; reopening it", r, gen)
+        open_rollout(self.ledger, source, r, attempts=self.cfg.n_samples_per_prompt,
+                     temperature=self.cfg.rollout_temperature, max_tries=self.cfg.max_tries)
+        log.info("rollout %d: opened %d groups x %d attempts", r, self.cfg.rollout_batch_size,
+                 self.cfg.n_samples_per_prompt)
 
     def wait_for_groups(self, r: int) -> list[int]:
         """Poll until enough groups are complete (or the timeout), logging progress as it changes."""
@@ -86,6 +96,23 @@ class Trainer:
                                    f"in rollout_timeout_s={self.cfg.rollout_timeout_s:g}: are pool workers running? "
                                    f"(agentrl ledger status {self.run.root})")
             self.sleep(POLL_S)
+
+    def close_rollout(self, r: int) -> list[int] | None:
+        """Rank 0 waits for the groups and closes the rollout; the others wait for its close. The
+        groups the close fixed, the same on every rank."""
+        if self.rank == 0:
+            closed = self.ledger.closed(r)
+            if closed is None:          # a resumed trainer may find it closed already: its groups stand
+                self.wait_for_groups(r)
+                closed = self.ledger.close_rollout(r)
+            return closed.groups
+        deadline = self.clock() + self.cfg.rollout_timeout_s + CLOSE_GRACE_S
+        while (closed := self.ledger.closed(r)) is None:
+            if self.clock() >= deadline:
+                raise TimeoutError(f"rank {self.rank}: rank 0 did not close rollout {r} within rollout_timeout_s + "
+                                   f"{CLOSE_GRACE_S:g} s; see rank 0's log")
+            self.sleep(POLL_S)
+        return closed.groups
 
     # ------------------------------------------------------------ the loop
 
@@ -124,10 +151,7 @@ class Trainer:
         t0 = self.clock()
         self.open_rollout(r, source)
         barrier()
-        self.wait_for_groups(r)
-        barrier()
-        if self.rank == 0:
-            self.ledger.close_rollout(r)
+        self.close_rollout(r)
         barrier()
         t_rollout = self.clock() - t0
         colocated = None
@@ -147,14 +171,14 @@ class Trainer:
                        colocated: ColocatedInference | None, timing: dict[str, float]) -> TrainerState:
         cfg = self.cfg
         barrier()
-        # Re-read after closing: groups that completed meanwhile are trained on too.
-        groups = read_rollout(self.ledger, self.run.buffer_dir, r)
+        groups = read_rollout(self.ledger, self.run.buffer_dir, r)     # the groups the close fixed
         batch = rollout_batch(groups, std_normalize=cfg.std_normalize)
-        report = rollout_report(batch.samples, ks=sorted({1, cfg.n_samples_per_prompt}), rollout_s=timing["rollout_s"],
-                                infra_failures=self.ledger.status(r).failed)
+        metrics: dict[str, Any] = {"rollout": r, **timing}
+        if self.rank == 0:
+            metrics.update(rollout_report(batch.samples, ks=sorted({1, cfg.n_samples_per_prompt}),
+                                          rollout_s=timing["rollout_s"], infra_failures=self.ledger.status(r).failed))
         if cfg.control == "shuffle_rewards":   # the report above keeps the true rewards
             batch = rollout_batch(shuffle_rewards(groups, f"{cfg.seed}/{r}"), std_normalize=cfg.std_normalize)
-        metrics: dict[str, Any] = {"rollout": r, **report, **timing}
         t1 = self.clock()
         steps = plan_steps(batch, global_batch_size=cfg.global_batch_size, max_tokens_per_gpu=cfg.max_tokens_per_gpu,
                            dp_size=policy.dp_size, rank=policy.dp_rank)

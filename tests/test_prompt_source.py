@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentrl.rollout.source import (
+from agentrl.prompts.source import (
     PromptDataError,
     PromptSource,
     PromptStateError,

@@ -2,6 +2,7 @@
 
     eval/iter_<n>/ledger/          which (task, attempt) is claimed or done: a killed eval resumes without
                                    redoing finished attempts, and two evaluators never run the same one
+                                   (the claim loop is the pool's: hpc.claims; a lost lease cancels)
     eval/iter_<n>/attempts/<t>-<a>.json   one attempt's result (written whole, once)
     eval/iter_<n>/results.jsonl    one line per attempt, sorted, no timings: the same checkpoint, tasks
                                    and seed give the same file
@@ -23,7 +24,6 @@ import json
 import logging
 import os
 import socket
-import time
 from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from hpc.buffer import write_shard
+from hpc.claims import ClaimLoop
 from hpc.fsio import write_atomic, write_new
 from hpc.ledger import Claim, Ledger, StaleGeneration
 
@@ -97,20 +98,16 @@ class CheckpointEval:
         return (self.out / "summary.json").exists()
 
     def ledger(self) -> Ledger:
-        """The iteration's ledger, opened exactly once whoever gets here first."""
+        """The iteration's ledger, opened once whoever gets here first (`Ledger.open_once`)."""
         self.attempts_dir.mkdir(parents=True, exist_ok=True)
         ledger = Ledger(self.out / "ledger")
-        # An open is a new generation, which would orphan another evaluator's claims: the first one opens.
-        marker = json.dumps({"tasks": [t.spec.instance_id for t in self.tasks], "n": self.cfg.n_samples}).encode()
-        if write_new(self.out / "opened.json", marker):
-            ledger.open_rollout(0, list(range(len(self.tasks))), self.cfg.n_samples, self.cfg.max_tries)
-        else:
-            while ledger.current_generation(0) is None:       # the opener is between its two steps
-                time.sleep(0.05)
-            found = json.loads((self.out / "opened.json").read_text())
-            if found != json.loads(marker):
-                raise ValueError(f"{self.out} was opened for other tasks or n ({len(found['tasks'])} tasks, "
-                                 f"n={found['n']}): use another --out, or the same task set")
+        # Reopening would be a new generation, orphaning another evaluator's claims: the first one opens.
+        mine = {"tasks": [t.spec.instance_id for t in self.tasks], "n": self.cfg.n_samples}
+        found = ledger.open_once(0, list(range(len(self.tasks))), self.cfg.n_samples, self.cfg.max_tries,
+                                 payload=mine).payload
+        if found != mine:
+            raise ValueError(f"{self.out} was opened for other tasks or n ({len((found or {}).get('tasks', []))} "
+                             f"tasks, n={(found or {}).get('n')}): use another --out, or the same task set")
         return ledger
 
     async def run(self, model_dir: Path) -> dict[str, Any]:
@@ -140,21 +137,10 @@ class CheckpointEval:
         return self.summarize(ledger)
 
     async def _attempts(self, ledger: Ledger, ctx: PoolContext) -> None:
-        slots = asyncio.Semaphore(self.cfg.pool.max_agents + self.cfg.pool.max_booting)
-        running: set[asyncio.Task] = set()
-        while True:
-            st = await asyncio.to_thread(ledger.status, 0)
-            if st.committed + st.failed >= st.total and not running:
-                return
-            await slots.acquire()
-            claim = await asyncio.to_thread(ledger.claim, self.worker_id, self.cfg.pool.lease_s, 0)
-            if claim is None:
-                slots.release()
-                await asyncio.sleep(0.2 if running else self.cfg.pool.poll_s)
-                continue
-            task = asyncio.create_task(self._one(ledger, ctx, claim))
-            running.add(task)
-            task.add_done_callback(lambda t: (running.discard(t), slots.release()))
+        pool = self.cfg.pool
+        loop = ClaimLoop(ledger, self.worker_id, pool.lease_s, pool.poll_s, pool.max_agents + pool.max_booting,
+                         rollout_id=0)
+        await loop.run(lambda claim: self._one(ledger, ctx, claim), until_done=True)
 
     async def _one(self, ledger: Ledger, ctx: PoolContext, claim: Claim) -> None:
         task = self.tasks[claim.group]
@@ -162,7 +148,6 @@ class CheckpointEval:
         sampling = {"temperature": self.cfg.temperature, "top_p": self.cfg.top_p,
                     "max_new_tokens": self.cfg.pool.max_new_tokens,
                     "sampling_seed": attempt_seed(self.cfg.seed, name, claim.attempt)}
-        beat = asyncio.create_task(self._heartbeat(ledger, claim))
         try:
             outcome = await run_attempt(ctx, task, group=claim.group, attempt=claim.attempt, sampling=sampling)
         except InfraError as e:
@@ -173,8 +158,6 @@ class CheckpointEval:
             log.exception("%s attempt %d: unexpected error", name, claim.attempt)
             await asyncio.to_thread(ledger.fail, claim, repr(e))
             return
-        finally:
-            beat.cancel()
         md = outcome.metadata
         result = {"task": name, "attempt": claim.attempt, "reward": outcome.reward,
                   **{k: md.get(k) for k in RESULT_KEYS[3:]}, "timings": outcome.timings}
@@ -190,14 +173,6 @@ class CheckpointEval:
             if shard is not None:
                 shard.unlink(missing_ok=True)
         log.info("%s attempt %d: reward %g", name, claim.attempt, outcome.reward)
-
-    async def _heartbeat(self, ledger: Ledger, claim: Claim) -> None:
-        while True:
-            await asyncio.sleep(self.cfg.pool.lease_s / 3)
-            try:
-                await asyncio.to_thread(ledger.heartbeat, claim)
-            except StaleGeneration:
-                return
 
     def summarize(self, ledger: Ledger) -> dict[str, Any]:
         """results.jsonl and summary.json from the committed attempts (the summary last)."""

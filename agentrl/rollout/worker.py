@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpc.buffer import write_shard
+from hpc.claims import ClaimLoop
 from hpc.images.cache import ImageCache
 from hpc.ledger import Claim, Ledger, StaleGeneration
 from hpc.ledger_records import RolloutSpec
@@ -42,6 +43,7 @@ from .attempt import InfraError, PoolContext, run_attempt
 from .config import PoolConfig
 
 log = logging.getLogger("agentrl.pool")
+REGISTRY_BEAT_S = 5.0          # the registry counts a service alive for 30 s after its last beat
 
 
 @dataclass
@@ -107,37 +109,26 @@ class PoolWorker:
         record = registry.register("pool", self.index, host=socket.gethostname(), socket=socket_path)
         ctx = PoolContext(cfg, server.adapter, socket_path, self.tools_dir, asyncio.Semaphore(cfg.max_booting),
                           asyncio.Semaphore(cfg.max_agents), ImageCache(cfg.image_cache) if cfg.image_cache else None)
-        slots = asyncio.Semaphore(cfg.max_agents + cfg.max_booting)
-        running: set[asyncio.Task] = set()
-        started = 0
+        loop = ClaimLoop(self.ledger, self.worker_id, cfg.lease_s, cfg.poll_s, cfg.max_agents + cfg.max_booting,
+                         check=self.check_rollout, counts=self.counts)
+
+        async def beat() -> None:              # the registry's record says this worker is alive, busy or not
+            nonlocal record
+            while True:
+                await asyncio.sleep(REGISTRY_BEAT_S)
+                record = await asyncio.to_thread(registry.heartbeat, record)
+        beating = asyncio.create_task(beat())
         try:
-            while not stop.is_set() and (max_attempts is None or started < max_attempts):
-                await slots.acquire()
-                claim = await asyncio.to_thread(self.ledger.claim, self.worker_id, cfg.lease_s,
-                                                check=self.check_rollout)
-                if claim is None:
-                    slots.release()
-                    record = await asyncio.to_thread(registry.heartbeat, record)
-                    try:
-                        await asyncio.wait_for(stop.wait(), cfg.poll_s)
-                    except asyncio.TimeoutError:
-                        pass
-                    continue
-                started += 1
-                task = asyncio.create_task(self._attempt(ctx, claim))
-                running.add(task)
-                task.add_done_callback(lambda t: (running.discard(t), slots.release()))
-            if running:
-                await asyncio.gather(*running, return_exceptions=True)
+            await loop.run(lambda claim: self._attempt(ctx, claim), stop=stop, max_claims=max_attempts)
         finally:
-            for t in running:
-                t.cancel()
+            beating.cancel()
             server.request_stop()
             await serving
             registry.deregister(record)
         return self.counts
 
     async def _attempt(self, ctx: PoolContext, claim: Claim) -> None:
+        """One claim's attempt, to its commit or fail (a lost lease cancels it: hpc.claims)."""
         where = f"rollout {claim.rollout_id} group {claim.group} attempt {claim.attempt} try {claim.try_index}"
         try:
             task = self.task_for(claim)
@@ -149,15 +140,8 @@ class PoolWorker:
             log.error("%s: the task's record is invalid: %s", where, e)
             await self._fail(claim, f"task: {e}")
             return
-        work = asyncio.create_task(run_attempt(ctx, task, group=claim.group, attempt=claim.attempt,
-                                               sampling=sampling))
-        beat = asyncio.create_task(self._heartbeat(claim, work))
         try:
-            outcome = await work
-        except asyncio.CancelledError:
-            self.counts["lease_lost"] += 1
-            log.warning("%s: lease lost, dropped", where)
-            return
+            outcome = await run_attempt(ctx, task, group=claim.group, attempt=claim.attempt, sampling=sampling)
         except InfraError as e:
             self.counts["infra_failures"] += 1
             log.warning("%s: infrastructure failure, to be retried: %s", where, e)
@@ -168,8 +152,6 @@ class PoolWorker:
             log.error("%s: unexpected error, to be retried:\n%s", where, traceback.format_exc())
             await self._fail(claim, f"error: {e!r}")
             return
-        finally:
-            beat.cancel()
         try:
             ref = await asyncio.to_thread(write_shard, self.run.buffer_dir, claim, outcome.samples)
             committed = await asyncio.to_thread(self.ledger.commit, claim, ref)
@@ -180,15 +162,6 @@ class PoolWorker:
         self.counts["samples"] += len(outcome.samples)
         log.info("%s: reward %g, %d samples, %s", where, outcome.reward, len(outcome.samples),
                  ", ".join(f"{k} {v:.1f}s" for k, v in outcome.timings.items()))
-
-    async def _heartbeat(self, claim: Claim, work: asyncio.Task) -> None:
-        while True:
-            await asyncio.sleep(self.cfg.lease_s / 3)
-            try:
-                await asyncio.to_thread(self.ledger.heartbeat, claim)
-            except StaleGeneration:      # LeaseLost included: someone else owns the attempt now
-                work.cancel()
-                return
 
     async def _fail(self, claim: Claim, reason: str) -> None:
         try:

@@ -20,6 +20,8 @@ def launch(args: argparse.Namespace) -> int:
     from hpc.launch.sbatch import render_sbatch
     from hpc.launch.slurminfo import SlurmUnavailable, partitions_from_sinfo
 
+    from .run_config import load_run_config
+
     try:
         config = executors.load_config(Path(args.config))
         section = config["launch"]
@@ -27,7 +29,11 @@ def launch(args: argparse.Namespace) -> int:
         if isinstance(section, dict) and "partitions" not in section:
             partitions = partitions_from_sinfo()
         plan = load_plan(section, partitions)
-    except (ValueError, SlurmUnavailable) as e:  # PlanError is a ValueError
+        # Every section, not only launch:, before anything is submitted: a bad eval: would otherwise
+        # surface after training. The resolved config (absolute paths) is what the roles read.
+        resolved = load_run_config(config, Path(args.config).resolve().parent, str(args.config),
+                                   partitions=partitions, check_launch=True).raw
+    except (ValueError, SlurmUnavailable) as e:  # PlanError and RunConfigError are ValueErrors
         print(e, file=sys.stderr)
         return 2
     if args.dry_run:
@@ -40,8 +46,7 @@ def launch(args: argparse.Namespace) -> int:
     if not run_dir:
         print("no run directory: pass --run-dir or set run_dir: in the config", file=sys.stderr)
         return 2
-    # Roles resolve relative paths in the config (models, data) against the config file's directory.
-    config = {**config, "config_dir": str(Path(args.config).resolve().parent)}
+    config = {**resolved, "config_dir": str(Path(args.config).resolve().parent)}
     try:
         layout = RunLayout.create(run_dir, config, run_id=config.get("run_id"))
     except (RunDirError, RecordError, ValueError) as e:

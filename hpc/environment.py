@@ -68,6 +68,7 @@ class RoleEnv(BaseModel):
     role: str | None = None
     task_index: int = 0
     visible_gpus: tuple[str, ...] | None = None    # None: CUDA_VISIBLE_DEVICES is unset, so all of the node's
+    heartbeat_file: Path | None = None     # the role's liveness file (hpc.liveness); None: not watched
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> RoleEnv:
@@ -78,4 +79,5 @@ class RoleEnv(BaseModel):
         gpus = env.get("CUDA_VISIBLE_DEVICES")
         return cls(run_dir=Path(env["AGENTRL_RUN_DIR"]) if env.get("AGENTRL_RUN_DIR") else None,
                    role=env.get("AGENTRL_ROLE") or None, task_index=int(index),
-                   visible_gpus=None if gpus is None else tuple(g for g in gpus.split(",") if g.strip()))
+                   visible_gpus=None if gpus is None else tuple(g for g in gpus.split(",") if g.strip()),
+                   heartbeat_file=Path(env["AGENTRL_HEARTBEAT_FILE"]) if env.get("AGENTRL_HEARTBEAT_FILE") else None)

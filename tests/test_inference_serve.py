@@ -98,9 +98,9 @@ def test_the_command_refuses_what_it_cannot_serve(tmp_path, monkeypatch, capsys)
     assert serve_cli.main([]) == 2
     assert "no run directory: pass --run-dir" in capsys.readouterr().err
 
-    monkeypatch.setenv("AGENTRL_RUN_DIR", str(RunLayout.create(tmp_path / "plain", config={"train": {}}).root))
+    monkeypatch.setenv("AGENTRL_RUN_DIR", str(RunLayout.create(tmp_path / "plain", config={"pool": {}}).root))
     assert serve_cli.main([]) == 2
-    assert f"{tmp_path / 'plain' / 'run.yaml'} has no inference: section" in capsys.readouterr().err
+    assert f"{tmp_path / 'plain' / 'run.yaml'}: has no `inference:` section" in capsys.readouterr().err
 
     config = tmp_path / "serve.yaml"
     config.write_text(yaml.safe_dump({"inference": {"engine": "sglang", "model": "/m", "tp": 2, "dp": 2}}))

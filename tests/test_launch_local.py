@@ -134,3 +134,38 @@ def test_local_stop_leaves_no_process_behind(local_run):
     assert wait_for(lambda: not alive_pids(pids), timeout=20, what="no process left") is True
     assert wait_for(lambda: not processes_mentioning(str(run)), timeout=20, what="no wrapper left") is True
     assert "stopped" in agentrl("status", str(run)).stdout
+
+
+def test_a_role_that_hangs_is_killed_at_its_liveness_bound_and_restarted(tmp_path):
+    """Issue 15, defect 9: a stopped (SIGSTOP) pool task is alive to the process table but beats no more."""
+    run = tmp_path / "run"
+    config = three_role_config(run)
+    roles = config["launch"]["roles"]
+    del roles["inference"]
+    roles["trainer"]["tasks"] = 1
+    roles["pool"].update(tasks=1, nodes=1, restart={"policy": "restart", "max_restarts": 2, "backoff_s": 0.5,
+                                                    "liveness_s": 2})
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "launch", str(cfg), "--executor", "local"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        first, = wait_for(lambda: probes(run, "pool-0"), what="pool-0")
+        time.sleep(3)                        # beating, it outlives its bound
+        assert len(probes(run, "pool-0")) == 1
+        os.kill(first["pid"], signal.SIGSTOP)
+        t0 = time.monotonic()
+        wait_for(lambda: len(probes(run, "pool-0")) == 2, timeout=30, what="the hung pool-0 restarted")
+        assert time.monotonic() - t0 < 10     # after about liveness_s, not at some far timeout
+        assert not alive_pids([first["pid"]])
+        log = (run / "logs/pool-0.log").read_text()
+        assert "no heartbeat for" in log and "killed as hung" in log, log[-2000:]
+        status = agentrl("status", str(run))
+        assert any(line.split()[:4] == ["pool-0", "running", "yes", "1"] for line in status.stdout.splitlines()), \
+            status.stdout
+        (run / "probe" / "finish").write_text("")
+        assert proc.wait(timeout=60) == 0, proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -11,8 +11,8 @@ import pytest
 import yaml
 from fake_pool import FakePool
 
+from agentrl.run_config import RunConfigError, role_config
 from agentrl.train.checkpoint import TrainerState
-from agentrl.train.cli import load_config
 from agentrl.train.config import TrainConfigError, load_train_config
 from agentrl.train.loop import Trainer
 from hpc.records import read_record
@@ -99,8 +99,11 @@ def test_config_errors_name_the_field(tiny_model, prompts, tmp_path):
         config(tmp_path, prompts)
     bad = tmp_path / "c.yaml"
     bad.write_text("trainer: {}\n")
-    with pytest.raises(TrainConfigError, match="needs a `train:` mapping"):
-        load_config(bad)
+    with pytest.raises(RunConfigError, match="c.yaml: trainer: unknown section"):
+        role_config(None, bad)
+    bad.write_text("pool: {}\n")
+    with pytest.raises(RunConfigError, match="c.yaml: has no `train:` section"):
+        role_config(None, bad).section("train")
 
 
 @pytest.mark.parametrize("how", ["config-file", "launched-role"])

@@ -19,8 +19,6 @@ import signal
 import sys
 from pathlib import Path
 
-import yaml
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", type=Path, nargs="?", help="a checkpoint or HF model directory")
@@ -35,26 +33,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace, run_dir: Path | None):
-    from hpc.runlayout import RunLayout
+    from ..run_config import role_config
 
-    from .config import EvalConfigError, load_eval_config
-
-    if args.config is not None:
-        raw, base, source = yaml.safe_load(args.config.read_text()) or {}, args.config.resolve().parent, args.config
-    elif run_dir is not None and (run_dir / "run.yaml").exists():
-        layout = RunLayout.open(run_dir)
-        raw, base, source = layout.manifest().config, layout.config_base(), run_dir / "run.yaml"
-    else:
-        raw, base, source = {}, Path.cwd(), "the command line"
-    section = dict(raw.get("eval") or {})
-    if args.tasks is not None:
-        section["tasks"] = str(args.tasks.resolve())
-    for key, value in (("n_samples", args.n), ("seed", args.seed)):
-        if value is not None:
-            section[key] = value
-    if "tasks" not in section:
-        raise EvalConfigError(f"{source}: no eval tasks: give --tasks DATA or eval.tasks in the config")
-    return load_eval_config(section, source=f"{source}: eval").resolved(base)
+    keys = {"tasks": str(args.tasks.resolve()) if args.tasks is not None else None, "n_samples": args.n,
+            "seed": args.seed}
+    config = role_config(run_dir, args.config, overrides={"eval": {k: v for k, v in keys.items() if v is not None}})
+    return config.section("eval")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,7 +47,6 @@ def run(args: argparse.Namespace) -> int:
 
     from ..swe.check import load_tasks
     from ..swe.harbor import HarborTaskError
-    from .config import EvalConfigError
     from .score import CheckpointEval
     from .watch import training_ended, watch
 
@@ -85,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = _config(args, run_dir)
         tasks = load_tasks([str(cfg.tasks)])
-    except (EvalConfigError, RunDirError, RecordError, HarborTaskError, OSError, ValueError, yaml.YAMLError) as e:
+    except (RunDirError, RecordError, HarborTaskError, OSError, ValueError) as e:   # RunConfigError is one
         print(f"agentrl eval: {e}", file=sys.stderr)
         return 2
     if not tasks:

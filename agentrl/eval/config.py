@@ -36,10 +36,6 @@ class EvalConfig(BaseModel):
     # sandboxes, harness and agent, as the pool has them; eval's prompt style is its own
     pool: PoolConfig = Field(default_factory=PoolConfig)
 
-    def resolved(self, base: Path) -> EvalConfig:
-        tasks = self.tasks if self.tasks.is_absolute() else base / self.tasks
-        return self.model_copy(update={"tasks": tasks, "pool": self.pool.resolved(base)})
-
 
 def load_eval_config(data: Any, source: str = "eval") -> EvalConfig:
     return validate_section(EvalConfig, data or {}, source, EvalConfigError)

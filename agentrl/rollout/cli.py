@@ -16,8 +16,6 @@ import signal
 import sys
 from pathlib import Path
 
-import yaml
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path, nargs="?", help="the run directory (default: $AGENTRL_RUN_DIR)")
@@ -31,9 +29,8 @@ def run(args: argparse.Namespace) -> int:
     from hpc.runlayout import RunDirError, RunLayout
 
     from ..prompts.groups import RolloutGroupsError
-    from ..train.cli import train_section
-    from ..train.config import TrainConfigError
-    from .config import PoolConfigError, load_pool_config
+    from ..run_config import RunConfigError, role_config
+    from .config import PoolConfig, PoolConfigError
     from .worker import PoolWorker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
@@ -46,17 +43,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         layout = RunLayout.open(run_dir)
-        if args.config:
-            raw, base, source = yaml.safe_load(args.config.read_text()), args.config.parent, str(args.config)
-        else:
-            raw, base, source = layout.manifest().config, layout.config_base(), str(run_dir / "run.yaml")
-        train = train_section(raw, base, source)
-        pool = load_pool_config((raw or {}).get("pool"), source=f"{source}: pool").resolved(base)
-        pool.sampling(train.rollout_temperature)      # refused here, before any attempt, if they disagree
-    except (TrainConfigError, PoolConfigError, RunDirError, RecordError, OSError, yaml.YAMLError) as e:
+        run_config = role_config(run_dir, args.config)
+        train, pool = run_config.section("train"), run_config.pool or PoolConfig()   # every pool key has a default
+    except (RunConfigError, RunDirError, RecordError, OSError) as e:
         print(f"agentrl pool: {e}", file=sys.stderr)
         return 2
-    worker = PoolWorker(layout, pool, train.model, train.prompt_data, index=role.task_index)
+    worker = PoolWorker(layout, pool, train.model, train.prompt_data, index=role.task_index,
+                        liveness_file=role.heartbeat_file)
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -59,12 +59,6 @@ class PoolConfig(BaseModel):
                                   "train.rollout_temperature")
         return {"temperature": rollout_temperature, "top_p": self.top_p, "max_new_tokens": self.max_new_tokens}
 
-    def resolved(self, base: Path) -> PoolConfig:
-        """Relative directories made absolute against `base` (the config file's directory)."""
-        fix = {k: base / v for k in ("image_cache", "scratch_dir", "tools_dir")
-               if (v := getattr(self, k)) is not None and not v.is_absolute()}
-        return self.model_copy(update=fix)
-
 
 def load_pool_config(data: Any, source: str = "pool") -> PoolConfig:
     return validate_section(PoolConfig, data or {}, source, PoolConfigError)

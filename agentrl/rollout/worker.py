@@ -18,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import socket
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpc import liveness
 from hpc.buffer import write_shard
 from hpc.claims import ClaimLoop
 from hpc.images.cache import ImageCache
@@ -55,6 +57,7 @@ class PoolWorker:
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     index: int = 0
     counts: Counter = field(default_factory=Counter)
+    liveness_file: Path | None = None     # touched while the worker's event loop runs (hpc.liveness)
 
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.run.ledger_dir)
@@ -97,34 +100,41 @@ class PoolWorker:
     async def serve(self, stop: asyncio.Event, *, max_attempts: int | None = None) -> Counter:
         """Run until `stop` is set (or after `max_attempts`); the counts of what happened."""
         cfg = self.cfg
-        harness = get_harness(cfg.harness)
-        await asyncio.to_thread(harness.install, self.tools_dir)
-        sock_dir = Path(cfg.scratch_dir or "/tmp") / f"agentrl-pool-{self.worker_id}"
-        sock_dir.mkdir(parents=True, exist_ok=True)
-        sock_dir.chmod(0o755)   # the agent (uid 1000) reaches the socket through it
-        socket_path = str(sock_dir / "adapter.sock")
-        server = AdapterServer(self.adapter(), uds=socket_path)
-        serving = asyncio.ensure_future(server.serve())
         registry = Registry(self.run.services_dir)
-        record = registry.register("pool", self.index, host=socket.gethostname(), socket=socket_path)
-        ctx = PoolContext(cfg, server.adapter, socket_path, self.tools_dir, asyncio.Semaphore(cfg.max_booting),
-                          asyncio.Semaphore(cfg.max_agents), ImageCache(cfg.image_cache) if cfg.image_cache else None)
-        loop = ClaimLoop(self.ledger, self.worker_id, cfg.lease_s, cfg.poll_s, cfg.max_agents + cfg.max_booting,
-                         check=self.check_rollout, counts=self.counts)
+        record = None
 
-        async def beat() -> None:              # the registry's record says this worker is alive, busy or not
+        async def beat() -> None:     # alive, busy or not: to the launcher, and in the run's registry once there
             nonlocal record
             while True:
+                liveness.beat(self.liveness_file)
+                if record is not None:
+                    record = await asyncio.to_thread(registry.heartbeat, record)
                 await asyncio.sleep(REGISTRY_BEAT_S)
-                record = await asyncio.to_thread(registry.heartbeat, record)
         beating = asyncio.create_task(beat())
+        sock_dir = Path(cfg.scratch_dir or "/tmp") / f"agentrl-pool-{self.worker_id}"
         try:
-            await loop.run(lambda claim: self._attempt(ctx, claim), stop=stop, max_claims=max_attempts)
+            harness = get_harness(cfg.harness)
+            await asyncio.to_thread(harness.install, self.tools_dir)
+            sock_dir.mkdir(parents=True, exist_ok=True)
+            sock_dir.chmod(0o755)   # the agent (uid 1000) reaches the socket through it
+            socket_path = str(sock_dir / "adapter.sock")
+            server = AdapterServer(self.adapter(), uds=socket_path)
+            serving = asyncio.ensure_future(server.serve())
+            record = registry.register("pool", self.index, host=socket.gethostname(), socket=socket_path)
+            ctx = PoolContext(cfg, server.adapter, socket_path, self.tools_dir, asyncio.Semaphore(cfg.max_booting),
+                              asyncio.Semaphore(cfg.max_agents),
+                              ImageCache(cfg.image_cache) if cfg.image_cache else None)
+            loop = ClaimLoop(self.ledger, self.worker_id, cfg.lease_s, cfg.poll_s, cfg.max_agents + cfg.max_booting,
+                             check=self.check_rollout, counts=self.counts)
+            try:
+                await loop.run(lambda claim: self._attempt(ctx, claim), stop=stop, max_claims=max_attempts)
+            finally:
+                server.request_stop()
+                await serving
+                registry.deregister(record)
         finally:
             beating.cancel()
-            server.request_stop()
-            await serving
-            registry.deregister(record)
+            shutil.rmtree(sock_dir, ignore_errors=True)     # the adapter's socket: nothing of a worker outlives it
         return self.counts
 
     async def _attempt(self, ctx: PoolContext, claim: Claim) -> None:

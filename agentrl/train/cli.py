@@ -15,8 +15,6 @@ import os
 import sys
 from pathlib import Path
 
-import yaml
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path, nargs="?",
@@ -24,52 +22,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, help="YAML with a train: section (default: the run's run.yaml)")
 
 
-def load_config(path: Path):
-    from .config import TrainConfigError
-
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise TrainConfigError(f"{path}: {e}") from None
-    return train_section(data, path.parent, str(path)), data
-
-
-def train_section(data, base: Path, source: str):
-    from .config import TrainConfigError, load_train_config
-
-    if not isinstance(data, dict) or not isinstance(data.get("train"), dict):
-        raise TrainConfigError(f"{source}: needs a `train:` mapping (see docs/train.md)")
-    train = dict(data["train"])
-    for key in ("model", "prompt_data"):
-        if isinstance(train.get(key), str) and not os.path.isabs(train[key]):
-            train[key] = str((base / train[key]).resolve())
-    return load_train_config(train, source=f"{source}: train")
-
-
 def run(args: argparse.Namespace) -> int:
     from hpc.environment import RoleEnv
     from hpc.records import RecordError
     from hpc.runlayout import RunDirError, RunLayout
 
-    from .config import TrainConfigError
+    from ..run_config import RunConfigError, role_config
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)      # one line per model call drowns the log
+    role = RoleEnv.from_environ()
     if args.run_dir is None:
-        role = RoleEnv.from_environ()
         if role.run_dir is None:
             print("agentrl train: give RUN_DIR (or run it as a role of `agentrl launch`, which sets AGENTRL_RUN_DIR)",
                   file=sys.stderr)
             return 2
         args.run_dir = Path(role.run_dir)
     try:
-        if args.config is not None:
-            cfg, raw = load_config(args.config)
-        else:
-            layout = RunLayout.open(args.run_dir)
-            raw = layout.manifest().config
-            cfg = train_section(raw, layout.config_base(), str(args.run_dir / "run.yaml"))
-    except (TrainConfigError, RunDirError, RecordError) as e:
+        run_config = role_config(args.run_dir, args.config)
+        cfg = run_config.section("train")
+    except (RunConfigError, RunDirError, RecordError) as e:
         print(f"agentrl train: {e}", file=sys.stderr)
         return 2
     import torch
@@ -84,9 +56,9 @@ def run(args: argparse.Namespace) -> int:
         init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     rank = env.rank if env else 0
     if rank == 0 and not (args.run_dir / "run.yaml").exists():
-        RunLayout.create(args.run_dir, config=raw)
+        RunLayout.create(args.run_dir, config=run_config.raw)
     barrier()
-    state = Trainer(RunLayout.open(args.run_dir), cfg).train()
+    state = Trainer(RunLayout.open(args.run_dir), cfg, liveness_file=role.heartbeat_file).train()
     if rank == 0:
         print(f"trained {state.iteration} rollouts, {state.optimizer_steps} optimizer steps; "
               f"latest checkpoint {args.run_dir / 'checkpoints' / f'iter_{state.iteration}'}", flush=True)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpc import liveness
 from hpc.buffer import read_rollout
 from hpc.fsio import write_atomic
 from hpc.ledger import Ledger
@@ -49,6 +50,7 @@ class Trainer:
     sleep: Callable[[float], None] = time.sleep
     inference_client: Callable[[str], InferenceClient] | None = None    # tests record the calls
     tracker: Tracker = field(default_factory=NoTracker)
+    liveness_file: Path | None = None     # beaten from the loop: polls, steps, saves (hpc.liveness)
 
     def __post_init__(self) -> None:
         self.rank, self.world_size = world()
@@ -87,6 +89,7 @@ class Trainer:
                          "%d failed, of %d", r, seen[0], self.cfg.rollout_batch_size, need, st.committed,
                          st.claimed, st.failed, st.total)
                 last = seen
+            liveness.beat(self.liveness_file)
             if len(st.complete_groups) >= self.cfg.rollout_batch_size:
                 return st.complete_groups
             if self.clock() >= deadline:
@@ -108,6 +111,7 @@ class Trainer:
             return closed.groups
         deadline = self.clock() + self.cfg.rollout_timeout_s + CLOSE_GRACE_S
         while (closed := self.ledger.closed(r)) is None:
+            liveness.beat(self.liveness_file)
             if self.clock() >= deadline:
                 raise TimeoutError(f"rank {self.rank}: rank 0 did not close rollout {r} within rollout_timeout_s + "
                                    f"{CLOSE_GRACE_S:g} s; see rank 0's log")
@@ -182,7 +186,10 @@ class Trainer:
         t1 = self.clock()
         steps = plan_steps(batch, global_batch_size=cfg.global_batch_size, max_tokens_per_gpu=cfg.max_tokens_per_gpu,
                            dp_size=policy.dp_size, rank=policy.dp_rank)
-        step_metrics = [policy.train_step(batch, plan) for plan in steps]
+        step_metrics = []
+        for plan in steps:
+            step_metrics.append(policy.train_step(batch, plan))
+            liveness.beat(self.liveness_file)
         metrics.update({f"train/{k}": sum(m[k] for m in step_metrics) / len(step_metrics) for k in step_metrics[0]})
         metrics["train_s"] = round(self.clock() - t1, 3)
         n = r + 1
@@ -213,6 +220,7 @@ class Trainer:
         if save and self.rank == 0:
             apply_retention(self.run, keep_last=cfg.keep_last, keep_exports=cfg.keep_exports)
         barrier()
+        liveness.beat(self.liveness_file)
         metrics["fingerprint"] = policy.fingerprint()
         self._record(metrics)
         return state

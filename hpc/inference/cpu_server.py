@@ -45,6 +45,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from .. import liveness
 from .generation import (
     GenerateRequest,
     RequestError,
@@ -358,6 +359,7 @@ async def serve(engine: Engine, args: argparse.Namespace) -> None:
             if record is not None and time.monotonic() - beat >= args.heartbeat_s:
                 version = registry_weight_version(engine.weight_version)
                 record = await asyncio.to_thread(registry.heartbeat, record, weight_version=version)
+                liveness.beat(args.liveness_file)
                 beat = time.monotonic()
         engine.gate.abort_all()     # so that a paused request cannot hold up the shutdown
         await serving
@@ -387,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--register", type=Path, metavar="RUN_DIR", help="register in RUN_DIR/services as inference")
     ap.add_argument("--index", type=int, default=0, help="the registry index (with --register)")
     ap.add_argument("--heartbeat-s", type=float, default=5.0)
+    ap.add_argument("--liveness-file", type=Path, help="touched at each heartbeat (hpc.liveness)")
     args = ap.parse_args(argv)
     engine = Engine(args.model, weight_version=args.weight_version, random_seed=args.random_seed)
     # uvicorn re-raises the signal that stopped it once it is done; by then there is nothing left to do.

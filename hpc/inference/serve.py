@@ -104,14 +104,15 @@ def gpu_shortfall(cfg: SGLangServe, env: RoleEnv, source: str = "inference") -> 
             f"(CUDA_VISIBLE_DEVICES={','.join(env.visible_gpus)}): raise the role's gpus_per_task or lower tp/dp")
 
 
-def cpu_server_argv(cfg: CpuServe, run_root: Path, index: int) -> list[str]:
+def cpu_server_argv(cfg: CpuServe, run_root: Path, index: int, liveness_file: Path | None = None) -> list[str]:
     """hpc.inference.cpu_server's arguments for task `index`; it registers and heartbeats itself."""
-    return ["--model", str(cfg.model), "--host", cfg.host, "--port", str(cfg.port + index),
+    argv = ["--model", str(cfg.model), "--host", cfg.host, "--port", str(cfg.port + index),
             "--weight-version", cfg.weight_version, "--register", str(run_root), "--index", str(index),
             "--heartbeat-s", str(cfg.heartbeat_s)]
+    return argv + (["--liveness-file", str(liveness_file)] if liveness_file else [])
 
 
-def run_sglang(cfg: SGLangServe, run_root: Path, index: int) -> int:
+def run_sglang(cfg: SGLangServe, run_root: Path, index: int, liveness_file: Path | None = None) -> int:
     """Serve task `index` until SIGTERM/SIGINT (0); 1 if the server cannot start or exits by itself."""
     from ..registry import Registry
     from .sglang import ServerError, ServerProcess, launch_command
@@ -120,7 +121,7 @@ def run_sglang(cfg: SGLangServe, run_root: Path, index: int) -> int:
     log_path = run_root / "logs" / f"inference-{index}.sglang.log"
     server = ServerProcess(launch_command(sglang), host=sglang.host, port=sglang.port, log_path=log_path,
                            registry=Registry(run_root / "services"), index=index, heartbeat_s=cfg.heartbeat_s,
-                           health_timeout_s=cfg.health_timeout_s)
+                           health_timeout_s=cfg.health_timeout_s, liveness_file=liveness_file)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.request_stop())
     print(f"agentrl serve: inference-{index} starts SGLang on port {sglang.port}; its log: {log_path}", flush=True)
@@ -155,7 +156,7 @@ def serve(section: Any, run_root: Path, env: RoleEnv, source: str = "inference")
     if isinstance(cfg, CpuServe):
         from . import cpu_server
 
-        return cpu_server.main(cpu_server_argv(cfg, run_root, env.task_index))
+        return cpu_server.main(cpu_server_argv(cfg, run_root, env.task_index, env.heartbeat_file))
     if problem := gpu_shortfall(cfg, env, source):
         raise InferenceConfigError(problem)
-    return run_sglang(cfg, run_root, env.task_index)
+    return run_sglang(cfg, run_root, env.task_index, env.heartbeat_file)

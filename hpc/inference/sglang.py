@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..liveness import beat
 from ..procs import kill_group
 from ..registry import Registry, ServiceRecord
 from .cpu_server import registry_weight_version
@@ -201,13 +202,14 @@ class ServerProcess:
     def __init__(self, command: Sequence[str], *, port: int, log_path: Path, host: str = "0.0.0.0",
                  registry: Registry | None = None, role: str = "inference", index: int = 0,
                  env: Mapping[str, str] | None = None, heartbeat_s: float = 5.0, health_timeout_s: float = 1800.0,
-                 grace_s: float = 30.0, poll_s: float = 0.25):
+                 grace_s: float = 30.0, poll_s: float = 0.25, liveness_file: Path | None = None):
         self.command, self.port, self.host, self.log_path = list(command), port, host, Path(log_path)
         self.url = f"http://{probe_host(host)}:{port}"
         self.registry, self.role, self.index = registry, role, index
         self.env = dict(os.environ if env is None else env)
         self.heartbeat_s, self.health_timeout_s = heartbeat_s, health_timeout_s
         self.grace_s, self.poll_s = grace_s, poll_s
+        self.liveness_file = liveness_file       # touched while the server answers (hpc.liveness)
         self.proc: subprocess.Popen | None = None
         self.record: ServiceRecord | None = None
         self.stop_requested = False
@@ -225,8 +227,11 @@ class ServerProcess:
             # Its own session and process group: stop() takes SGLang's scheduler and detokenizer processes too.
             self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          env=self.env, start_new_session=True, preexec_fn=_die_with_parent)
+        def cancelled() -> bool:
+            beat(self.liveness_file)     # loading the model is not hanging: health_timeout_s bounds it
+            return self.stop_requested
         info = wait_healthy(self.url, self.health_timeout_s, self.proc, log_path=self.log_path, poll_s=self.poll_s,
-                            cancelled=lambda: self.stop_requested)
+                            cancelled=cancelled)
         if info is None:
             return False
         if self.registry is not None:
@@ -244,6 +249,7 @@ class ServerProcess:
             return False   # a server that does not answer must not look alive
         if self.registry is not None and self.record is not None:
             self.record = self.registry.heartbeat(self.record, weight_version=_version(info))
+        beat(self.liveness_file)
         return True
 
     def serve(self) -> None:

@@ -19,7 +19,7 @@ from typing import Literal
 
 from ..procs import kill_group
 from ..runlayout import RunLayout
-from .plan import Plan, RestartPolicy
+from .plan import CONFIG_ERROR_EXIT, Plan, RestartPolicy
 from .state import LaunchRecord, end_run, read_end, read_task_records, unit_exit_code, write_launch_record
 from .steps import Unit, start_local, start_srun, units
 
@@ -174,6 +174,8 @@ class Driver:
                     return "failed", rc, f"{what}: a fail-run role ends the run"
                 if restart.policy is RestartPolicy.IGNORE:
                     r.done = True
+                elif rc == CONFIG_ERROR_EXIT:
+                    return "failed", rc, f"{what}, a configuration error: not restarted (its log says what to fix)"
                 elif r.restarts < restart.max_restarts:
                     r.restarts += 1
                     r.restart_at = now + restart.backoff_s

@@ -29,12 +29,20 @@ class RestartPolicy(str, Enum):
     IGNORE = "ignore"       # let it go; the run goes on (eval)
 
 
+# A role exits 2 when its config is wrong (the message names the field): starting it again cannot help,
+# so no policy restarts it (the driver and the sbatch script end the run instead).
+CONFIG_ERROR_EXIT = 2
+
+
 class Restart(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     policy: RestartPolicy
     max_restarts: int = Field(3, ge=0)
     backoff_s: float = Field(2.0, ge=0)
+    # A task whose heartbeat (hpc.liveness) is older than this is killed as hung (exit 124) and
+    # the policy applies. The role must beat more often; None: only the process is watched.
+    liveness_s: float | None = Field(None, ge=1)
 
 
 class Partition(BaseModel):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shlex
 
-from .plan import Plan, RestartPolicy
+from .plan import CONFIG_ERROR_EXIT, Plan, RestartPolicy
 from .steps import ALLOCATION_VARS, Unit, srun_args, task_command, units
 
 RESTARTS = "@RESTARTS@"
@@ -35,6 +35,9 @@ run_unit() {
       fail-run) end_run "$rc" "$name exited with $rc"; return ;;
       ignore) return ;;
     esac
+    if ((rc == @CONFIG_ERROR@)); then       # a bad config: starting it again cannot help
+      end_run "$rc" "$name exited with $rc, a configuration error: not restarted"; return
+    fi
     if ((restarts >= max)); then
       end_run $((rc ? rc : 1)) "$name exited with $rc after $restarts restarts"; return
     fi
@@ -148,7 +151,7 @@ def render_sbatch(plan: Plan, *, source: str = "") -> str:
         lines += [f'mapfile -t NODES_{c.index} < <(scontrol show hostnames "${var}")',
                   f'echo "agentrl: component {c.index} (partition {c.partition}, roles {", ".join(c.roles)}):'
                   f' nodes ${{NODES_{c.index}[*]}}, {c.gpus_per_node} GPUs per node"']
-    lines.append(_HELPERS)
+    lines.append(_HELPERS.replace("@CONFIG_ERROR@", str(CONFIG_ERROR_EXIT)))
     for unit in units(plan):
         lines.append(_unit_line(plan, unit, het))
         if plan.roles[unit.role].restart.policy is RestartPolicy.FAIL_RUN:

@@ -52,6 +52,8 @@ def task_command(python: str, run_dir: str, unit: Unit, role: Role, restarts: in
         cmd.append("--dist")
     if role.restart.policy is RestartPolicy.FAIL_RUN:
         cmd.append("--checkpoint-signal")
+    if role.restart.liveness_s is not None:
+        cmd += ["--liveness-s", f"{role.restart.liveness_s:g}"]
     return [*cmd, "--", *role.command]
 
 

@@ -5,7 +5,9 @@ whatever its command, is registered in services/ (as task_<role>), heartbeats, h
 its exit in RUN/launch/tasks/, and takes its process tree with it when it
 goes. The command runs in its own process group; signals sent to the wrapper
 (SIGTERM from scancel or the driver, SIGINT, SIGHUP) are forwarded to that
-group; SIGUSR2 (before a time limit) only for roles that checkpoint.
+group; SIGUSR2 (before a time limit) only for roles that checkpoint. With
+--liveness-s the command gets a heartbeat file (hpc.liveness) and is killed,
+exit 124, once the file is older than that: alive but stuck is failed too.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import threading
 import time
 
 from ..environment import SlurmEnv
+from ..liveness import HUNG_EXIT, is_hung, silent_for
 from ..procs import kill_group
 from ..registry import Registry, task_role
 from ..runlayout import RunLayout
@@ -65,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint-signal", action="store_true",
                     help="pass SIGUSR2 (time limit or preemption near) on to the command; else it is ignored")
     ap.add_argument("--heartbeat-s", type=float, default=5.0)
+    ap.add_argument("--liveness-s", type=float, default=None,
+                    help="kill the command (exit 124) once its heartbeat file is older than this")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -85,6 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         dist = found.to_environ() if found else None
     env = child_environment(dict(os.environ), args.gpus, dist)
     env.update(AGENTRL_RUN_DIR=str(layout.root), AGENTRL_ROLE=args.role, AGENTRL_TASK_INDEX=str(index))
+    heartbeat = None
+    if args.liveness_s is not None:
+        heartbeat = layout.root / "launch" / "heartbeats" / f"{args.role}-{index}"
+        heartbeat.parent.mkdir(parents=True, exist_ok=True)
+        heartbeat.touch()
+        os.utime(heartbeat)          # a restart's bound counts from its own start
+        env["AGENTRL_HEARTBEAT_FILE"] = str(heartbeat)
     shown = {k: env.get(k) for k in ("CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK",
                                       "MASTER_ADDR", "MASTER_PORT") if env.get(k) is not None}
     print(f"agentrl task {args.role}-{index} on {slurm.node or socket.gethostname()} "
@@ -117,16 +129,28 @@ def main(argv: list[str] | None = None) -> int:
             service = registry.heartbeat(service)
     threading.Thread(target=beat, daemon=True).start()
 
+    hung = False
     try:
-        rc = proc.wait()
+        while True:
+            try:
+                rc = proc.wait(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                if heartbeat is not None and is_hung(heartbeat.stat().st_mtime, time.time(), args.liveness_s):
+                    silent = silent_for(heartbeat.stat().st_mtime, time.time())
+                    print(f"agentrl task {args.role}-{index}: no heartbeat for {silent:.0f} s (liveness_s "
+                          f"{args.liveness_s:g}): killed as hung", file=sys.stderr, flush=True)
+                    kill_group(proc.pid, grace_s=0)      # SIGKILL: a stopped process acts on nothing else
+                    rc, hung = proc.wait(), True
+                    break
     finally:
         stop.set()
         kill_group(proc.pid)   # whatever the command left behind in its group
         registry.deregister(service)
-    code = rc if rc >= 0 else 128 - rc
+    code = HUNG_EXIT if hung else rc if rc >= 0 else 128 - rc
     write_task_record(layout, record.model_copy(update={
         "state": "exited", "exit_code": code, "ended": time.time(),
-        "signal": signal.Signals(-rc).name if rc < 0 else None}))
+        "signal": "hung" if hung else signal.Signals(-rc).name if rc < 0 else None}))
     return code
 
 

@@ -4,7 +4,8 @@ trainer: all-reduces over gloo with its peers, then waits for RUN/probe/finish a
          rank R exits 3 on RUN/probe/fail-R (the others wait to be stopped). SIGUSR2 makes it
          "checkpoint" (a marker file) and exit; started again with the marker there, it reports
          that it resumed.
-others:  run until they are signalled (a SIGUSR2 leaves a marker: they should never get one).
+others:  run until they are signalled (a SIGUSR2 leaves a marker: they should never get one),
+         beating their heartbeat file (hpc.liveness) if the plan watches them.
 """
 
 import json
@@ -53,8 +54,13 @@ def main() -> int:
         dist.destroy_process_group()
         return 0
     (out / f"{role}-{index}-{os.getpid()}.json").write_text(json.dumps(seen))
+    from hpc.environment import RoleEnv
+    from hpc.liveness import beat
+
+    heartbeat = RoleEnv.from_environ().heartbeat_file
     while True:
-        time.sleep(1)
+        beat(heartbeat)
+        time.sleep(0.2)
 
 
 if __name__ == "__main__":

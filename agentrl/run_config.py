@@ -1,0 +1,163 @@
+"""One run config: every section of a run's YAML, checked at launch, its paths resolved in one place.
+
+    run_id, run_dir    which run (run_dir: where, unless `--run-dir` says)
+    launch:            the roles and their Slurm resources (hpc.launch.plan)
+    inference:         the model servers (hpc.inference.serve)
+    train:             the trainer (agentrl.train.config)
+    pool:              the rollout pool (agentrl.rollout.config)
+    eval:              checkpoint eval (agentrl.eval.config)
+    config_dir         recorded by `agentrl launch`: the directory of the file it was given
+
+`load_run_config(data, base, source)` makes every relative path absolute against `base` (the config
+file's directory) and validates every section there is, reporting all problems at once as
+`source: section.field: problem` lines. `agentrl launch` calls it before anything is submitted and
+stores the resolved config in run.yaml; each role reads its section back with `role_config`, the one
+way a role gets its config.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from hpc.inference.serve import InferenceConfigError, parse_inference
+from hpc.launch.plan import PlanError, load_plan
+from hpc.runlayout import RunLayout
+
+from .eval.config import EvalConfig, EvalConfigError, load_eval_config
+from .rollout.config import PoolConfig, PoolConfigError, load_pool_config
+from .train.config import TrainConfig, TrainConfigError, load_train_config
+
+SECTIONS = ("launch", "inference", "train", "pool", "eval")
+TOP_LEVEL = ("run_id", "run_dir", "config_dir", *SECTIONS)
+# section (dotted) -> its keys that hold a path, relative to the config file's directory
+PATH_KEYS: dict[str, tuple[str, ...]] = {
+    "train": ("model", "prompt_data"),
+    "pool": ("image_cache", "scratch_dir", "tools_dir"),
+    "eval": ("tasks",),
+    "eval.pool": ("image_cache", "scratch_dir", "tools_dir"),
+    "inference": ("model", "container"),
+}
+
+
+class RunConfigError(ValueError):
+    """The run config cannot be used; one line per problem, each naming the file and the field."""
+
+
+class RunConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: str                            # where it was read from, for messages
+    raw: dict[str, Any]                    # the config as given, its paths resolved: what run.yaml stores
+    train: TrainConfig | None = None
+    pool: PoolConfig | None = None
+    eval: EvalConfig | None = None
+
+    def section(self, name: str) -> Any:
+        """A section a role needs: its typed model (train, pool, eval) or its mapping (launch, inference)."""
+        found = getattr(self, name) if name in ("train", "pool", "eval") else self.raw.get(name)
+        if found is None:
+            raise RunConfigError(f"{self.source}: has no `{name}:` section (see docs/launch.md)")
+        return found
+
+
+def _absolute(value: Any, base: Path) -> Any:
+    if isinstance(value, str) and value and not Path(value).is_absolute():
+        return str((base / value).resolve())
+    return value
+
+
+def resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    """A copy of the config with every relative path (PATH_KEYS, inference binds) made absolute against base."""
+    out = copy.deepcopy(data)
+    for dotted, keys in PATH_KEYS.items():
+        section: Any = out
+        for part in dotted.split("."):
+            section = section.get(part) if isinstance(section, dict) else None
+        if isinstance(section, dict):
+            for key in keys:
+                if key in section:
+                    section[key] = _absolute(section[key], base)
+    inference = out.get("inference")
+    if isinstance(inference, dict) and isinstance(inference.get("binds"), list):
+        # "src" or "src:dst": the source is on the host, relative to the config; the target is the container's
+        inference["binds"] = [":".join([_absolute(b.split(":", 1)[0], base), *b.split(":", 1)[1:]])
+                              if isinstance(b, str) else b for b in inference["binds"]]
+    return out
+
+
+def load_run_config(data: Any, base: Path, source: str, *, partitions: dict[str, Any] | None = None,
+                    check_launch: bool = False) -> RunConfig:
+    """The config with its paths resolved and every section validated; RunConfigError lists every problem.
+
+    check_launch also validates `launch:` (with the cluster's partitions, when it names none).
+    """
+    if not isinstance(data, dict):
+        raise RunConfigError(f"{source}: a run config is a mapping of sections ({', '.join(SECTIONS)})")
+    problems = [f"{source}: {key}: unknown section (a typo? the sections are {', '.join(TOP_LEVEL)})"
+                for key in data if key not in TOP_LEVEL]
+    raw = resolve_paths(data, base)
+    typed: dict[str, Any] = {}
+    if check_launch:
+        try:
+            load_plan(raw.get("launch"), partitions)
+        except PlanError as e:
+            problems.append(f"{source}: {e}")
+    if raw.get("inference") is not None:
+        try:
+            parse_inference(raw["inference"], 0, source="inference")
+        except InferenceConfigError as e:
+            problems.extend(f"{source}: {line}" for line in str(e).splitlines())
+    for name, load, error in (("train", load_train_config, TrainConfigError),
+                              ("pool", load_pool_config, PoolConfigError),
+                              ("eval", load_eval_config, EvalConfigError)):
+        if raw.get(name) is not None:
+            try:
+                typed[name] = load(raw[name], source=name)
+            except error as e:
+                problems.extend(f"{source}: {line}" for line in str(e).splitlines())
+    if "pool" in typed and "train" in typed:
+        try:
+            typed["pool"].sampling(typed["train"].rollout_temperature)
+        except PoolConfigError as e:
+            problems.append(f"{source}: {e}")
+    if problems:
+        raise RunConfigError("\n".join(problems))
+    return RunConfig(source=source, raw=raw, **typed)
+
+
+def read_config_file(path: Path) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise RunConfigError(f"{path}: no such config file") from None
+    except (OSError, yaml.YAMLError) as e:
+        raise RunConfigError(f"{path}: cannot be read as YAML ({e})") from None
+
+
+def role_config(run_dir: Path | None, config: Path | None, *,
+                overrides: dict[str, dict[str, Any]] | None = None) -> RunConfig:
+    """A role's config: `--config FILE` (paths against its directory) if given, else the run's run.yaml.
+
+    run.yaml holds the config `agentrl launch` resolved; an older one is resolved against the
+    directory it records (RunLayout.config_base). `overrides` (a command line's options, section ->
+    keys) replace keys of those sections before anything is checked; their paths are taken as given.
+    """
+    if config is not None:
+        data, base, source = read_config_file(config), Path(config).resolve().parent, str(config)
+    elif run_dir is not None and (Path(run_dir) / "run.yaml").exists():
+        layout = RunLayout.open(run_dir)
+        data, base, source = layout.manifest().config, layout.config_base(), str(layout.manifest_path)
+    elif overrides:
+        data, base, source = {}, Path.cwd(), "the command line"
+    else:
+        raise RunConfigError(f"{run_dir or 'no run directory'}: no run.yaml, and no --config given "
+                             "(under `agentrl launch` the run directory comes from AGENTRL_RUN_DIR)")
+    if overrides and isinstance(data, dict):
+        data = {**data, **{name: {**(data.get(name) or {}), **keys} for name, keys in overrides.items()}}
+    return load_run_config(data, base, source)

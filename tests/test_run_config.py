@@ -1,0 +1,100 @@
+"""Issue 15, defect 5: one run config, every section checked at launch, paths resolved in one place."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentrl.run_config import RunConfigError, load_run_config, role_config
+from hpc.launch.state import read_task_records
+from hpc.runlayout import RunLayout
+
+pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTITIONS = {"cpu": {"nodes": ["cpu1"], "cpus_per_node": 4, "mem_mb": 4000, "gpus_per_node": 0}}
+
+
+def launch_section(*roles: tuple[str, list[str], dict]) -> dict:
+    return {"name": "cfg", "time_limit_min": 5, "partitions": PARTITIONS,
+            "roles": {name: {"command": command, "partition": "cpu", "mem_per_task_mb": 200, "restart": restart}
+                      for name, command, restart in roles}}
+
+
+def agentrl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agentrl.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def write(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_launch_refuses_a_bad_eval_or_pool_section_before_anything_is_submitted(tmp_path, dry_run):
+    never = [sys.executable, "-c", "open('STARTED', 'w')"]
+    base = {"run_dir": str(tmp_path / "run"), "launch": launch_section(("pool", never, {"policy": "restart"}))}
+    cases = [({"eval": {"tasks": "t.jsonl", "n_samples": 0}}, "eval.n_samples: Input should be greater than 0"),
+             ({"pool": {"max_agents": "many"}}, "pool.max_agents: Input should be a valid integer"),
+             ({"pool": {"harnes": "builtin"}}, "pool.harnes: unknown key (a typo?)"),
+             ({"evaluation": {}}, "evaluation: unknown section (a typo?")]
+    for extra, message in cases:
+        config = write(tmp_path / "run.yaml", {**base, **extra})
+        r = agentrl("launch", str(config), "--executor", "local", *(["--dry-run"] if dry_run else []))
+        assert r.returncode == 2 and f"{config}: {message}" in r.stderr, r.stderr
+        assert not (tmp_path / "run").exists() and not (ROOT / "STARTED").exists()
+
+
+def test_paths_are_resolved_once_against_the_config_file_and_run_yaml_keeps_them(tiny_model, tmp_path):
+    here = tmp_path / "configs"
+    here.mkdir()
+    (here / "prompts.jsonl").write_text('{"prompt": "p"}\n')
+    data = {"train": {"model": str(tiny_model), "prompt_data": "prompts.jsonl", "num_rollouts": 1,
+                      "rollout_batch_size": 1, "n_samples_per_prompt": 1},
+            "pool": {"tools_dir": "tools", "scratch_dir": "/abs/scratch"},
+            "eval": {"tasks": "eval.jsonl", "pool": {"image_cache": "cache"}},
+            "inference": {"engine": "sglang", "model": "weights", "container": "sglang.sif",
+                          "binds": ["data:/data", "/abs"]}}
+    config = load_run_config(data, here, "run.yaml")
+    assert config.train.prompt_data == here / "prompts.jsonl"
+    assert config.pool.tools_dir == here / "tools" and str(config.pool.scratch_dir) == "/abs/scratch"
+    assert config.eval.tasks == here / "eval.jsonl" and config.eval.pool.image_cache == here / "cache"
+    inference = config.section("inference")
+    assert inference["model"] == str(here / "weights") and inference["container"] == str(here / "sglang.sif")
+    assert inference["binds"] == [f"{here / 'data'}:/data", "/abs"]
+    # run.yaml stores the resolved config: a role started anywhere reads the same paths.
+    run = RunLayout.create(tmp_path / "run", config=config.raw)
+    again = role_config(run.root, None)
+    assert again.train == config.train and again.section("inference") == inference
+
+
+def test_every_problem_of_every_section_is_reported_at_once(tiny_model, tmp_path):
+    (tmp_path / "p.jsonl").write_text('{"prompt": "p"}\n')
+    with pytest.raises(RunConfigError) as e:
+        load_run_config({"train": {"model": str(tiny_model), "prompt_data": "p.jsonl", "num_rollouts": 1,
+                                   "rollout_batch_size": 1, "n_samples_per_prompt": 1, "rollout_temperature": 1.0},
+                         "pool": {"temperature": 0.7}, "eval": {"tasks": "e.jsonl", "top_p": 2},
+                         "inference": {"engine": "gpu"}}, tmp_path, "cfg.yaml")
+    lines = str(e.value).splitlines()
+    assert any("cfg.yaml: inference.engine: must be one of sglang, cpu" in x for x in lines)
+    assert any("cfg.yaml: eval.top_p: Input should be less than or equal to 1" in x for x in lines)
+    assert any("cfg.yaml: pool.temperature 0.7 differs from train.rollout_temperature 1.0" in x for x in lines), lines
+
+
+def test_a_role_that_exits_2_for_its_config_is_not_restarted(tmp_path):
+    bad = [sys.executable, "-c", "import sys; print('pool: bad config', file=sys.stderr); sys.exit(2)"]
+    trainer = [sys.executable, "-c", "import time; time.sleep(60)"]
+    config = write(tmp_path / "run.yaml", {"run_dir": str(tmp_path / "run"), "launch": launch_section(
+        ("trainer", trainer, {"policy": "fail-run"}),
+        ("pool", bad, {"policy": "restart", "max_restarts": 5, "backoff_s": 0.1}))})
+    t0 = time.monotonic()
+    r = agentrl("launch", str(config), "--executor", "local")
+    assert r.returncode == 2 and time.monotonic() - t0 < 60, r.stdout + r.stderr
+    records = {t.role: t for t in read_task_records(RunLayout.open(tmp_path / "run"))}
+    assert records["pool"].restarts == 0 and records["pool"].exit_code == 2
+    status = agentrl("status", str(tmp_path / "run"))
+    assert "a configuration error: not restarted" in status.stdout, status.stdout

@@ -48,7 +48,10 @@ def launch(args: argparse.Namespace) -> int:
         return 2
     config = {**resolved, "config_dir": str(Path(args.config).resolve().parent)}
     try:
-        layout = RunLayout.create(run_dir, config, run_id=config.get("run_id"))
+        if (Path(run_dir) / "run.yaml").exists():
+            layout = continue_run(Path(run_dir), config, accept_changes=args.accept_changes)
+        else:
+            layout = RunLayout.create(run_dir, config, run_id=config.get("run_id"))
     except (RunDirError, RecordError, ValueError) as e:
         print(e, file=sys.stderr)
         return 2
@@ -65,6 +68,39 @@ def launch(args: argparse.Namespace) -> int:
     ids = executors.submit_submitit(plan, layout, python)
     print(f"agentrl: submitted {len(ids)} submitit job(s): {', '.join(ids)}")
     return 0
+
+
+def continue_run(run_dir: Path, config: dict, *, accept_changes: bool) -> RunLayout:
+    """Launch an existing run again: from its latest checkpoint, with the config it has.
+
+    A changed config is refused with what changed, unless accept_changes and every change is one a
+    continued run may take (agentrl.run_config.MAY_CHANGE): then run.yaml takes the new config.
+    """
+    from hpc.launch.state import still_running
+
+    from .run_config import config_changes, describe_changes, refused_changes, resolve_paths
+
+    layout = RunLayout.open(run_dir, run_id=config.get("run_id"))
+    if busy := still_running(layout):
+        raise RunDirError(f"{layout.root}: {busy}; stop it first (`agentrl stop {layout.root}`) or let it end")
+    manifest = layout.manifest()
+    stored = resolve_paths(manifest.config, layout.config_base())    # a run.yaml of older code: relative paths
+    changes = [c for c in config_changes(stored, config) if c[0] != "run_id"]
+    if changes and not accept_changes:
+        raise RunDirError(f"{layout.root} holds run {manifest.run_id!r} with another config; what differs "
+                          f"(run.yaml -> this config):\n{describe_changes(changes)}\nrelaunch with the config the run "
+                          "started with, pass --accept-changes (only for settings that may change, such as "
+                          "train.num_rollouts), or give a new --run-dir")
+    if refused := refused_changes(changes):
+        raise RunDirError(f"{layout.root}: a continued run cannot change {', '.join(refused)} (what it trains on, "
+                          "or how); start a new run in another --run-dir")
+    if changes:
+        layout.amend_config(config)
+        print(f"agentrl: run {manifest.run_id}: its config changes:\n{describe_changes(changes)}")
+    latest = layout.latest_checkpoint()
+    print(f"agentrl: continuing run {manifest.run_id} from "
+          f"{'checkpoint iter_' + str(latest) if latest is not None else 'its start (no checkpoint yet)'}")
+    return layout
 
 
 def _open(path: str) -> RunLayout | None:
@@ -173,7 +209,11 @@ def add_parsers(sub) -> None:
     la.add_argument("--executor", choices=["sbatch", "submitit", "local"], default="local")
     la.add_argument("--dry-run", action="store_true",
                     help="print what would run (the sbatch script, or the plan) and submit nothing")
-    la.add_argument("--run-dir", help="the run directory (default: run_dir: of the config)")
+    la.add_argument("--run-dir", help="the run directory (default: run_dir: of the config); one that holds the run "
+                                      "already continues it, from its latest checkpoint")
+    la.add_argument("--accept-changes", action="store_true",
+                    help="continue a run whose config changed in what may change (train.num_rollouts, time "
+                         "limits, resources, eval); anything else is refused")
     la.add_argument("--python", help="interpreter for the roles (default: this one)")
     la.set_defaults(func=launch)
 

@@ -156,8 +156,47 @@ def role_config(run_dir: Path | None, config: Path | None, *,
     elif overrides:
         data, base, source = {}, Path.cwd(), "the command line"
     else:
-        raise RunConfigError(f"{run_dir or 'no run directory'}: no run.yaml, and no --config given "
-                             "(under `agentrl launch` the run directory comes from AGENTRL_RUN_DIR)")
+        raise RunConfigError(f"{run_dir} is not a run directory (no run.yaml), and no --config was given (under "
+                             "`agentrl launch` the run directory comes from AGENTRL_RUN_DIR)" if run_dir else
+                             "no run directory and no --config: give one (under `agentrl launch` the run directory "
+                             "comes from AGENTRL_RUN_DIR)")
     if overrides and isinstance(data, dict):
         data = {**data, **{name: {**(data.get(name) or {}), **keys} for name, keys in overrides.items()}}
     return load_run_config(data, base, source)
+
+
+# -- continuing a run: what a relaunch may change --------------------------------------------------------
+
+# What `agentrl launch CONFIG --run-dir EXISTING --accept-changes` may change: how long and on what the
+# run goes on, not what it trains on or how (fnmatch patterns over dotted keys).
+MAY_CHANGE = ("train.num_rollouts", "train.rollout_timeout_s", "train.publish_timeout_s", "train.evals_after_last",
+              "train.tracking", "train.tracking.*", "launch.time_limit_min", "launch.checkpoint_grace_s",
+              "launch.partitions", "launch.partitions.*", "launch.roles.*.restart", "launch.roles.*.restart.*",
+              "launch.roles.*.env", "launch.roles.*.env.*", "launch.roles.*.partition", "launch.roles.*.nodes",
+              "launch.roles.*.tasks", "launch.roles.*.cpus_per_task", "launch.roles.*.mem_per_task_mb",
+              "pool.max_agents", "pool.max_booting", "pool.poll_s", "pool.scratch_dir", "pool.tools_dir",
+              "eval", "eval.*", "inference.heartbeat_s", "inference.health_timeout_s")
+NOT_COMPARED = ("config_dir", "run_dir")     # where the file and the run are, not what the run is
+
+
+def config_changes(old: Any, new: Any, where: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted key, old value, new value) for every leaf that differs; a missing key is None."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for key in sorted(set(old) | set(new), key=str):
+            if not where and key in NOT_COMPARED:
+                continue
+            out += config_changes(old.get(key), new.get(key), f"{where}.{key}" if where else str(key))
+        return out
+    return [] if old == new else [(where, old, new)]
+
+
+def refused_changes(changes: list[tuple[str, Any, Any]]) -> list[str]:
+    """The changed keys a continued run may not take, even when asked to."""
+    from fnmatch import fnmatchcase
+
+    return [key for key, _, _ in changes if not any(fnmatchcase(key, p) for p in MAY_CHANGE)]
+
+
+def describe_changes(changes: list[tuple[str, Any, Any]]) -> str:
+    return "\n".join(f"  {key}: {old!r} -> {new!r}" for key, old, new in changes)

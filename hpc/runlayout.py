@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from .environment import Writer
 from .fsio import write_atomic
-from .records import Record, RecordError, create_record, read_record
+from .records import Record, RecordError, create_record, read_record, write_record
 
 
 class RunDirError(Exception):
@@ -124,6 +125,20 @@ class RunLayout:
 
     def manifest(self) -> RunManifest:
         return read_record(self.manifest_path, RunManifest)
+
+    def amend_config(self, config: dict[str, Any]) -> None:
+        """Replace the run's config, keeping its id (a continued run that changed what may change).
+
+        The manifest before is kept, whole, as launch/config-history/<n>.yaml; then run.yaml is
+        replaced atomically. Only while no role runs: they read it when they start.
+        """
+        old = self.manifest()
+        history = self.root / "launch" / "config-history"
+        history.mkdir(parents=True, exist_ok=True)
+        n = len(list(history.glob("*.yaml")))
+        while not create_record(history / f"{n}.yaml", old):
+            n += 1
+        write_record(self.manifest_path, old.model_copy(update={"config": config, "writer": Writer.current()}))
 
     def config_base(self) -> Path:
         """What relative paths in the run's config are relative to: the config file's directory, which

@@ -33,11 +33,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace, run_dir: Path | None):
-    from ..run_config import role_config
+    from ..run_config import RunConfigError, role_config
 
     keys = {"tasks": str(args.tasks.resolve()) if args.tasks is not None else None, "n_samples": args.n,
             "seed": args.seed}
-    config = role_config(run_dir, args.config, overrides={"eval": {k: v for k, v in keys.items() if v is not None}})
+    try:
+        config = role_config(run_dir, args.config, overrides={"eval": {k: v for k, v in keys.items() if v is not None}})
+    except RunConfigError as e:
+        if args.tasks is None and "eval.tasks: Field required" in str(e):
+            raise RunConfigError(f"{e}\nno eval tasks: give --tasks DATA, or eval.tasks in the config") from None
+        raise
     return config.section("eval")
 
 

@@ -120,6 +120,34 @@ def final_state(layout: RunLayout) -> str | None:
     return rec.state if rec is not None and rec.state in ("finished", "failed", "stopped") else None
 
 
+def still_running(layout: RunLayout) -> str | None:
+    """Why the run's last launch may still be running (its local driver is alive, its jobs are in
+    Slurm's queue), or None if it has ended. A local driver on another host is not seen."""
+    import os
+    import subprocess
+
+    rec = read_launch_record(layout)
+    if rec is None or final_state(layout) is not None:
+        return None
+    if rec.job_id:
+        try:
+            r = subprocess.run(["squeue", "-h", "-o", "%A", "-j", rec.job_id], capture_output=True, text=True,
+                               timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        queued = r.stdout.split() if r.returncode == 0 else []
+        return f"its job(s) {', '.join(queued)} are still in Slurm's queue" if queued else None
+    if rec.driver_pid:
+        try:
+            os.kill(rec.driver_pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return f"its local driver (pid {rec.driver_pid}) is still running"
+    return None
+
+
 def unit_exit_code(records: list[TaskRecord], role: str, restarts: int, reported: int) -> int:
     """How a distributed unit (every task of `role`) ended: the exit of its task that failed first
     on its own, at this restart count; else the code its launcher reported.

@@ -75,10 +75,24 @@ def test_rendered_script_is_a_het_job_with_no_site_paths():
     p = plan(trainer=role(tasks=2, gpus_per_task=1, distributed=True), pool=role(partition="cpu", tasks=2, nodes=2))
     script = render_sbatch(p)
     assert script.count("#SBATCH hetjob") == 1
-    assert "--het-group=0" in script and "--het-group=1" in script
     for path in ("/root", "/home", "/work", "/tmp", sys.executable):
         assert path not in script
     assert ":-{" not in script  # a default holding braces would end at the first }
+    # Only the header is rendered: the body is the one driver, given the plan the script holds.
+    assert f"#SBATCH --signal=B:USR2@{p.signal_lead_s}" in script
+    head, _, rest = script.partition("exec \"$PYTHON\" -m hpc.launch.driver \"$RUN_DIR\" <<'PLAN'\n")
+    assert rest.endswith("PLAN") and "srun --" not in head and "run_unit" not in head and "trap" not in head
+    assert load_plan(yaml.safe_load(rest.removesuffix("PLAN"))) == p
+
+
+def test_the_signal_lead_must_hold_the_checkpoint_and_the_stop():
+    with pytest.raises(PlanError, match="checkpoint_grace_s: 100 s to checkpoint and stop_grace_s 30 s to stop must "
+                                        "fit in signal_lead_s 120 s"):
+        load_plan({"roles": {"trainer": role()}, "partitions": PARTS, "checkpoint_grace_s": 100})
+    assert load_plan({"roles": {"trainer": role()}, "partitions": PARTS, "checkpoint_grace_s": 100,
+                      "signal_lead_s": 180}).signal_lead_s == 180
+    with pytest.raises(PlanError, match="signal_lead_s: 7200 s is not less than time_limit_min 60 min"):
+        load_plan({"roles": {"trainer": role()}, "partitions": PARTS, "signal_lead_s": 7200})
 
 
 def test_ready_scripts_in_slurm_match_their_configs():

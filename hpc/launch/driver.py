@@ -1,9 +1,14 @@
 """The driver: starts every unit of a plan, watches it, applies restart policies.
 
-Runs as a local process (the local executor) or inside a Slurm allocation
-(the submitit executor, starting units as concurrent `srun --exact` steps).
-Its state and every task's state are on disk (hpc.launch.state), so
+The one restart implementation, for every executor: a local process (the local executor), or
+inside a Slurm allocation, starting units as concurrent `srun --exact` steps: the submitit job
+(AllocationDriver), or the body of the sbatch het-job script (`python -m hpc.launch.driver RUN <
+PLAN`, `main` below). Its state and every task's state are on disk (hpc.launch.state), so
 `agentrl status RUN` works from any host.
+
+Before a time limit Slurm sends SIGUSR2 signal_lead_s ahead: the fail-run roles checkpoint (for
+checkpoint_grace_s at most), every unit is stopped (stop_grace_s, then SIGKILL), and the job
+requeues: submitit does it for its jobs, the driver of an sbatch job with `scontrol requeue`.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -55,12 +61,13 @@ class Running:
 class Driver:
     plan: Plan
     layout: RunLayout
-    executor: Literal["local", "submitit"]
+    executor: Literal["local", "submitit", "sbatch"]
     python: str
     job_id: str | None = None
     nodes_by_partition: dict[str, list[str]] = field(default_factory=dict)
     clock: Callable[[], float] = time.time
     _stop_reason: str | None = field(default=None, init=False)
+    _requeue_at: float | None = field(default=None, init=False)    # sbatch: when SIGUSR2 came
     _running: dict[str, Running] = field(default_factory=dict, init=False)
 
     def _gpu_ids(self) -> dict[str, list[int]]:
@@ -82,17 +89,20 @@ class Driver:
             if unit.index is not None:
                 ids = ids[unit.index * role.gpus_per_task:(unit.index + 1) * role.gpus_per_task]
             return start_local(unit, role, gpu_ids=ids, **common)
-        first = self.plan.component_of(unit.role).offsets[unit.role]
+        comp = self.plan.component_of(unit.role)
+        first = comp.offsets[unit.role]
         nodes = self.nodes_by_partition.get(role.partition, [])[first:first + role.nodes]
         if unit.index is None:
             nodelist = ",".join(nodes) or None
         else:
             nodelist = nodes[unit.index % role.nodes] if nodes else None
-        return start_srun(unit, role, nodelist=nodelist, **common)
+        # An sbatch job is one het job, a component per partition; a submitit job holds one partition.
+        het_group = comp.index if self.executor == "sbatch" and len(self.plan.components()) > 1 else None
+        return start_srun(unit, role, nodelist=nodelist, het_group=het_group, **common)
 
     def _record(self, state, message: str = "") -> None:
         # Locally the driver is the run; under submitit there is one driver per job.
-        name = "run" if self.executor == "local" else f"driver-{self.plan.name}"
+        name = "driver-" + self.plan.name if self.executor == "submitit" else "run"
         write_launch_record(self.layout, LaunchRecord(
             executor=self.executor, state=state, job_id=self.job_id, driver_pid=os.getpid(),
             message=message, updated=self.clock()), name=name)
@@ -110,10 +120,25 @@ class Driver:
             except ProcessLookupError:
                 pass
 
+    def _signal_fail_run_steps(self, signum: int) -> None:
+        """sbatch: Slurm signalled the batch step alone (`--signal=B:`); pass it to the fail-run roles' steps."""
+        fail_run = {n for n, r in self.plan.roles.items() if r.restart.policy is RestartPolicy.FAIL_RUN}
+        out = subprocess.run(["squeue", "-h", "-s", "-j", str(self.job_id), "-o", "%i %j"], capture_output=True,
+                             text=True).stdout
+        steps = [step for step, name in (line.split(maxsplit=1) for line in out.splitlines() if " " in line)
+                 if name.strip() in fail_run]
+        if steps:
+            subprocess.run(["scancel", f"--signal={signal.Signals(signum).name.removeprefix('SIG')}", *steps],
+                           capture_output=True)
+
     def _on_signal(self, signum, _frame) -> None:
         if signum == signal.SIGUSR2:
             # Slurm's warning before a time limit or preemption: the trainer checkpoints.
-            self._signal_fail_run(signal.SIGUSR2)
+            if self.executor == "sbatch":
+                self._requeue_at = time.monotonic()
+                self._signal_fail_run_steps(signal.SIGUSR2)
+            else:
+                self._signal_fail_run(signal.SIGUSR2)
             return
         self._stop_reason = f"stopped by {signal.Signals(signum).name}"
 
@@ -140,6 +165,10 @@ class Driver:
             state, code, message = self._watch()
         finally:
             self._stop_all()
+        if state == "requeued":           # sbatch: the run goes on when the job starts again
+            self._record("requeued", message)
+            subprocess.run(["scontrol", "requeue", str(self.job_id)], check=False)
+            return 0
         end = end_run(self.layout, state, code, message)
         self._record(end.state, end.message)
         return end.exit_code
@@ -148,6 +177,12 @@ class Driver:
         while True:
             if self._stop_reason:
                 return "stopped", 143, self._stop_reason
+            if self._requeue_at is not None:    # units exit now because they checkpoint: no restarts
+                waited = time.monotonic() - self._requeue_at
+                if waited >= self.plan.checkpoint_grace_s or not any(p.poll() is None for p in self._fail_run_procs()):
+                    return "requeued", 0, f"checkpointed after SIGUSR2 ({waited:.0f} s); the job requeues"
+                time.sleep(POLL_S)
+                continue
             end = read_end(self.layout)
             if end is not None:   # another driver of this run (another job) ended it
                 return end.state, end.exit_code, end.message
@@ -186,11 +221,12 @@ class Driver:
             time.sleep(POLL_S)
 
     def _stop_all(self) -> None:
-        if self.job_id and self.executor == "submitit":
+        grace = self.plan.stop_grace_s
+        if self.job_id and self.executor != "local":
             # SIGTERM straight to every step's tasks: srun itself, signalled, kills its step hard,
             # and the task wrappers would get no chance to stop their commands and record the exit.
             subprocess.run(["scancel", "--signal=TERM", self.job_id], capture_output=True)
-            deadline = time.monotonic() + 15
+            deadline = time.monotonic() + grace
             while time.monotonic() < deadline and any(
                     p.poll() is None for r in self._running.values() for p in r.procs):
                 time.sleep(0.2)
@@ -201,7 +237,7 @@ class Driver:
                         os.killpg(p.pid, signal.SIGTERM)
                     except ProcessLookupError:
                         pass
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + grace
         for r in self._running.values():
             for p in r.procs:
                 try:
@@ -252,3 +288,48 @@ class AllocationDriver:
 
 def plan_path(layout: RunLayout) -> Path:
     return layout.root / "launch" / "plan.json"
+
+
+def het_nodes(plan: Plan, environ: dict[str, str]) -> dict[str, list[str]]:
+    """An sbatch het job's nodes by partition: component i's are SLURM_JOB_NODELIST_HET_GROUP_i's."""
+    from .distenv import expand_hostlist
+
+    comps = plan.components()
+    if len(comps) == 1:
+        return {comps[0].partition: expand_hostlist(environ.get("SLURM_JOB_NODELIST", ""))}
+    return {c.partition: expand_hostlist(environ.get(f"SLURM_JOB_NODELIST_HET_GROUP_{c.index}", ""))
+            for c in comps}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The body of an sbatch script: `python -m hpc.launch.driver RUN_DIR < PLAN.yaml` (hpc.launch.sbatch)."""
+    import argparse
+
+    import yaml
+
+    from ..environment import SlurmEnv
+    from .plan import PlanError, load_plan
+    from .state import launch_dir
+
+    ap = argparse.ArgumentParser(prog="python -m hpc.launch.driver", description=main.__doc__)
+    ap.add_argument("run_dir", type=Path)
+    args = ap.parse_args(argv)
+    try:
+        plan = load_plan(yaml.safe_load(sys.stdin.read()))
+        layout = RunLayout.open(args.run_dir)
+    except (PlanError, yaml.YAMLError, OSError, ValueError) as e:
+        print(f"agentrl: {e}", file=sys.stderr)
+        return 2
+    job = SlurmEnv.from_environ().job_id
+    # One job is the whole run: an end record is an earlier launch's (a requeued job leaves none).
+    (launch_dir(layout) / "end.json").unlink(missing_ok=True)
+    print(f"agentrl: job {job}, run directory {layout.root}, python {sys.executable}", flush=True)
+    nodes = het_nodes(plan, dict(os.environ))
+    for c in plan.components():
+        print(f"agentrl: component {c.index} (partition {c.partition}, roles {', '.join(c.roles)}): "
+              f"nodes {' '.join(nodes.get(c.partition, []))}, {c.gpus_per_node} GPUs per node", flush=True)
+    return Driver(plan, layout, "sbatch", sys.executable, job_id=job, nodes_by_partition=nodes).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -60,7 +60,7 @@ def allocation_request(plan: Plan) -> dict:
     return dict(slurm_partition=comp.partition, nodes=comp.nodes, tasks_per_node=1,
                 cpus_per_task=comp.cpus_per_node, slurm_mem=f"{comp.mem_mb_per_node}M",
                 slurm_gres=f"gpu:{comp.gpus_per_node}" if comp.gpus_per_node else None,
-                timeout_min=plan.time_limit_min, name=plan.name,
+                timeout_min=plan.time_limit_min, name=plan.name, slurm_signal_delay_s=plan.signal_lead_s,
                 # submitit's own srun wrapper hangs the driver's nested srun steps.
                 slurm_use_srun=False)
 

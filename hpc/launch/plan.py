@@ -139,12 +139,24 @@ class Plan(BaseModel):
     # After SIGUSR2 (time limit or preemption near), how long fail-run roles get to checkpoint
     # before the job requeues itself.
     checkpoint_grace_s: float = Field(60.0, ge=0)
+    # How long a stopped unit gets after SIGTERM before SIGKILL (every executor).
+    stop_grace_s: float = Field(30.0, gt=0)
+    # How long before the time limit Slurm sends SIGUSR2 (sbatch --signal=B:USR2@N, submitit's
+    # signal delay): the checkpoint and the stop must fit in it (checked below).
+    signal_lead_s: int = Field(120, ge=10)
     roles: dict[str, Role] = Field(min_length=1)
     partitions: dict[str, Partition] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _fits(self) -> Plan:
         errors = []
+        if self.checkpoint_grace_s + self.stop_grace_s >= self.signal_lead_s:
+            errors.append(f"checkpoint_grace_s: {self.checkpoint_grace_s:g} s to checkpoint and stop_grace_s "
+                          f"{self.stop_grace_s:g} s to stop must fit in signal_lead_s {self.signal_lead_s} s, the "
+                          "warning Slurm gives before the time limit: lower them or raise signal_lead_s")
+        if self.signal_lead_s >= self.time_limit_min * 60:
+            errors.append(f"signal_lead_s: {self.signal_lead_s} s is not less than time_limit_min "
+                          f"{self.time_limit_min} min")
         for name, role in self.roles.items():
             where = f"roles.{name}"
             if not _NAME.match(name):

@@ -8,6 +8,7 @@ functions build the command lines; the sbatch renderer and the driver share them
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from .plan import Plan, RestartPolicy, Role
 # Set by sbatch/salloc for the whole allocation; left in a step's environment
 # they override what the step asks for (srun then warns, or hands every step the
 # same GPUs).
+_HET_ALLOCATION_VAR = re.compile(r"^SLURM_(NTASKS_PER_NODE|GPUS_PER_NODE)_(HET|PACK)_GROUP_\d+$")   # one component's
 ALLOCATION_VARS = ("SLURM_GPUS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_TRES_PER_TASK",
                    "SLURM_MEM_PER_NODE", "SLURM_MEM_PER_CPU", "SLURM_CPUS_PER_TASK", "SLURM_NTASKS",
                    "SLURM_NPROCS", "SLURM_GPUS", "SLURM_GPUS_PER_TASK")
@@ -79,7 +81,7 @@ def srun_args(unit: Unit, role: Role, *, log_dir: str, het_group: int | None = N
 
 
 def step_environment(base: dict[str, str], role: Role) -> dict[str, str]:
-    env = {k: v for k, v in base.items() if k not in ALLOCATION_VARS}
+    env = {k: v for k, v in base.items() if k not in ALLOCATION_VARS and not _HET_ALLOCATION_VAR.match(k)}
     env.update(role.env)
     return env
 
@@ -107,8 +109,8 @@ def start_local(unit: Unit, role: Role, *, python: str, run_dir: str, log_dir: P
 
 
 def start_srun(unit: Unit, role: Role, *, python: str, run_dir: str, log_dir: Path, restarts: int,
-               nodelist: str | None) -> list[subprocess.Popen]:
-    cmd = srun_args(unit, role, log_dir=str(log_dir), nodelist=nodelist)
+               nodelist: str | None, het_group: int | None = None) -> list[subprocess.Popen]:
+    cmd = srun_args(unit, role, log_dir=str(log_dir), nodelist=nodelist, het_group=het_group)
     cmd += task_command(python, run_dir, unit, role, restarts)
     env = step_environment(dict(os.environ), role)
     return [subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True)]

@@ -11,6 +11,17 @@ CLUSTER_DIR = Path(os.environ.get("AGENTRL_CLUSTER_DIR",
 
 
 @pytest.fixture(scope="session")
+def bundled_prompts(tmp_path_factory) -> Path:
+    """The eight bundled tasks (tasks/) as prompt data, as `agentrl convert harbor` writes it."""
+    import sys
+
+    path = tmp_path_factory.mktemp("data") / "prompts.jsonl"
+    subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(ROOT / "tasks"), "--out", str(path)],
+                   check=True, capture_output=True, cwd=ROOT)
+    return path
+
+
+@pytest.fixture(scope="session")
 def slurm_conf() -> Path:
     """The local cluster's slurm.conf. Skips (locally) or fails (under CI) when it is not up."""
     conf = CLUSTER_DIR / "etc" / "slurm.conf"

@@ -23,12 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 ROLLOUTS = 3
 
 
-@pytest.fixture(scope="module")
-def prompts(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "prompts.jsonl"
-    subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(ROOT / "tasks"), "--out", str(path)],
-                   check=True, capture_output=True, cwd=ROOT)
-    return path
+@pytest.fixture
+def prompts(bundled_prompts) -> Path:
+    return bundled_prompts
 
 
 def write_config(path: Path, tiny_model: Path, prompts: Path, *, slurm: bool = False, **train) -> Path:

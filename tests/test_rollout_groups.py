@@ -20,12 +20,9 @@ pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def prompts(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "prompts.jsonl"
-    subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(ROOT / "tasks"), "--out", str(path)],
-                   check=True, capture_output=True, cwd=ROOT)
-    return path
+@pytest.fixture
+def prompts(bundled_prompts) -> Path:
+    return bundled_prompts
 
 
 def trainer_opens(run: RunLayout, prompts: Path, *, rollout=1, seed=3, temperature=1.0) -> PromptSource:

@@ -1,4 +1,4 @@
-"""The `agentrl` command. Each subcommand has --help; more arrive with later parts of the toolkit."""
+"""The `agentrl` command. Each subcommand has --help."""
 
 from __future__ import annotations
 

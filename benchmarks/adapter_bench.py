@@ -38,6 +38,7 @@ from agentrl.adapter.service import Adapter, AdapterConfig, load_tokenizer  # no
 from agentrl.adapter.upstream import UpstreamPool  # noqa: E402
 from agentrl.adapter.wire import Chat  # noqa: E402
 from agentrl.models.tiny import assistant_text, make_tiny_model  # noqa: E402
+from hpc.launch.distenv import free_port  # noqa: E402
 
 SIZES = (2_000, 8_000, 32_000, 96_000)
 TARGET_RATIO_96K_TO_2K = 1.3
@@ -125,13 +126,6 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning", a
 """
 
 
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -166,7 +160,7 @@ def throughput(model: Path, work: Path, sessions: int, turns: int, incremental: 
     reply.write_text(json.dumps({"text": "", "output_ids": ids, "meta_info": {
         "finish_reason": {"type": "stop", "matched": ids[-1]}, "weight_version": "0",
         "output_token_logprobs": [[-0.5, t, None] for t in ids]}}))
-    up_port, ad_port = free_port(), free_port()
+    up_port, ad_port = free_port("127.0.0.1"), free_port("127.0.0.1")
     upstream = subprocess.Popen([sys.executable, "-c", UPSTREAM_SERVER, str(reply), str(up_port)],
                                 stderr=subprocess.PIPE)
     cmd = [sys.executable, "-m", "agentrl.cli", "adapter", "serve", "--upstream", f"http://127.0.0.1:{up_port}",

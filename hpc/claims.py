@@ -86,10 +86,7 @@ class ClaimLoop:
         except Exception as e:   # noqa: BLE001 - one claim's work must not stop the loop
             self.counts["work_errors"] += 1
             log.exception("%s: the work raised; failing the claim", _name(claim))
-            try:
-                await asyncio.to_thread(self.ledger.fail, claim, f"error: {e!r}"[:2000])
-            except StaleGeneration:
-                pass
+            await asyncio.to_thread(self.ledger.fail, claim, f"error: {e!r}"[:2000])
         finally:
             beat.cancel()
 

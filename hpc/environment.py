@@ -1,7 +1,10 @@
 """The process's place in the cluster, read from the environment in one place.
 
-Everything else asks `Writer.current()` (who is writing this record) or
-`SlurmEnv.from_environ()`; nothing deeper in the code reads os.environ for Slurm.
+Everything else asks `Writer.current()` (who is writing this record), `SlurmEnv.from_environ()`
+(this process's Slurm ids), `AllocationEnv.from_environ()` (its job's nodes) or
+`RoleEnv.from_environ()` (what the launcher told a role); nothing deeper in the code reads
+os.environ for Slurm or the launcher. (hpc.launch.distenv parses the variables of srun, MPI and
+torchrun, for torch's bootstrap alone.)
 """
 
 from __future__ import annotations
@@ -36,6 +39,22 @@ class SlurmEnv(BaseModel):
             proc_id=int(proc) if proc and proc.isdigit() else None,
             node=env.get("SLURMD_NODENAME"),
         )
+
+
+class AllocationEnv(BaseModel):
+    """The nodes of this job's allocation (hostlist expressions), for a driver that places steps on them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    nodelist: str = ""                          # SLURM_JOB_NODELIST
+    het_nodelists: dict[int, str] = {}          # het-job component i: SLURM_JOB_NODELIST_HET_GROUP_<i>
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> AllocationEnv:
+        env = os.environ if environ is None else environ
+        prefix = "SLURM_JOB_NODELIST_HET_GROUP_"
+        het = {int(k[len(prefix):]): v for k, v in env.items() if k.startswith(prefix) and k[len(prefix):].isdigit()}
+        return cls(nodelist=env.get("SLURM_JOB_NODELIST", ""), het_nodelists=het)
 
 
 class Writer(BaseModel):

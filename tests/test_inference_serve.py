@@ -26,6 +26,7 @@ from hpc.inference.serve import (
     parse_inference,
     role_env,
 )
+from hpc.launch.distenv import free_port
 from hpc.registry import Registry
 from hpc.runlayout import RunLayout
 
@@ -111,13 +112,6 @@ def test_the_command_refuses_what_it_cannot_serve(tmp_path, monkeypatch, capsys)
 
 
 # -- the command, as the launcher runs it -----------------------------------------------------------------------
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_role(run: RunLayout, index: int, **env: str) -> subprocess.Popen:

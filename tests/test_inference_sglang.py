@@ -8,7 +8,6 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ from hpc.inference.sglang import (
     launch_command,
     wait_healthy,
 )
+from hpc.launch.distenv import free_port
 from hpc.procs import group_alive
 from hpc.registry import Registry
 from hpc.runlayout import RunLayout
@@ -40,12 +40,6 @@ FAKE_SGLANG = Path(__file__).resolve().parent / "fake_sglang"
 PROMPT = [101, 202, 303, 404, 505, 606]
 SGLANG_PYTHON = os.environ.get("AGENTRL_SGLANG_PYTHON", "python3")
 SGLANG_IMAGE = os.environ.get("AGENTRL_SGLANG_IMAGE")    # containers/sglang.def built; used instead of the python
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fake_env(**extra: str) -> dict[str, str]:

@@ -152,3 +152,17 @@ def test_an_sbatch_script_asks_the_records_how_a_distributed_unit_ended(tmp_path
     bad = subprocess.run([sys.executable, "-m", "hpc.launch.state", str(layout.root), "exit-code", "trainer"],
                          capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "exit-code takes ROLE RESTARTS RC" in bad.stderr
+
+
+def test_an_sbatch_driver_places_each_component_on_its_het_group_nodes():
+    from hpc.environment import AllocationEnv
+    from hpc.launch.driver import het_nodes
+
+    p = plan(trainer=role(gpus_per_task=1), pool=role(partition="cpu", tasks=2, nodes=2))
+    het = "SLURM_JOB_NODELIST_HET_GROUP_"
+    alloc = AllocationEnv.from_environ({"SLURM_JOB_NODELIST": "c[1-2],g1", het + "0": "g1", het + "1": "c[1-2]",
+                                        het + "X": ""})
+    assert alloc.het_nodelists == {0: "g1", 1: "c[1-2]"}
+    assert het_nodes(p, alloc) == {"gpu": ["g1"], "cpu": ["c1", "c2"]}
+    one = plan(pool=role(partition="cpu", tasks=2, nodes=2))
+    assert het_nodes(one, alloc) == {"cpu": ["c1", "c2", "g1"]}     # not a het job: the job's nodes

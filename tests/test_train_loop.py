@@ -296,3 +296,15 @@ def test_full_checkpoints_every_save_every_exports_between_and_old_state_pruned(
     again.publish_latest(2)        # as if the trainer had died after rollout 3's export, before a full save
     run_trainer(resumed, config(tiny_model, prompts, **cfg))
     assert [m["fingerprint"] for m in metrics(resumed)][-2:] == [m["fingerprint"] for m in metrics(straight)][-2:]
+
+
+def test_a_server_answering_200_without_json_is_not_taken_for_a_publish():
+    """A proxy's 200 page, say: the weights were not loaded, and the publish says so."""
+    import httpx
+
+    from agentrl.train.publish import InferenceClient, PublishError
+
+    client = InferenceClient("http://gpu1:30000", transport=httpx.MockTransport(
+        lambda request: httpx.Response(200, text="<html>welcome</html>")))
+    with pytest.raises(PublishError, match="answered 200 with no JSON: '<html>welcome</html>'"):
+        client.update_weights(Path("/ckpt/iter_1/hf"), 1)

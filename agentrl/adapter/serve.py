@@ -85,9 +85,13 @@ class AdapterServer:
                 ready.set()
         self._thread = threading.Thread(target=run, name="agentrl-adapter", daemon=True)
         self._thread.start()
-        ready.wait(30)
+        started = ready.wait(30)
         if failure:
             raise RuntimeError(f"the adapter did not start: {failure[0]}")
+        if not started:
+            self.request_stop()
+            raise RuntimeError(f"the adapter did not start listening within 30 s ({self.url}"
+                               f"{', ' + self.uds if self.uds else ''})")
         return self
 
     def request_stop(self) -> None:

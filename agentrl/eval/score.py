@@ -34,6 +34,7 @@ import numpy as np
 from hpc.buffer import write_shard
 from hpc.claims import ClaimLoop
 from hpc.fsio import write_atomic, write_new
+from hpc.launch.distenv import free_port
 from hpc.ledger import Claim, Ledger, StaleGeneration
 
 from ..adapter.serve import AdapterServer
@@ -72,18 +73,12 @@ def model_server(cfg: EvalConfig, model_dir: Path, iteration: int, logs: Path):
         return
     from hpc.inference.sglang import ServerProcess, SGLangConfig, launch_command
 
-    sglang = SGLangConfig(**{**cfg.sglang, "model_path": model_dir, "port": _free_port(), "host": "127.0.0.1",
+    sglang = SGLangConfig(**{**cfg.sglang, "model_path": model_dir, "port": free_port("127.0.0.1"), "host": "127.0.0.1",
                              "weight_version": str(iteration)})
     with ServerProcess(launch_command(sglang), host=sglang.host, port=sglang.port,
                        log_path=logs / f"eval-sglang-{iteration}.log") as server:
         server.start()
         yield f"http://127.0.0.1:{sglang.port}"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class CheckpointEval:

@@ -174,7 +174,4 @@ class PoolWorker:
                  ", ".join(f"{k} {v:.1f}s" for k, v in outcome.timings.items()))
 
     async def _fail(self, claim: Claim, reason: str) -> None:
-        try:
-            await asyncio.to_thread(self.ledger.fail, claim, reason[:2000])
-        except StaleGeneration:
-            pass
+        await asyncio.to_thread(self.ledger.fail, claim, reason[:2000])   # a superseded claim's fail is ignored

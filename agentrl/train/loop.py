@@ -245,6 +245,3 @@ class Trainer:
                      metrics["rollout"], metrics["reward_mean"], metrics["attempts"], metrics["samples"],
                      metrics.get("train/loss", float("nan")), metrics["rollout_s"], metrics["train_s"])
 
-
-def main_train(run_dir: Path, cfg: TrainConfig) -> TrainerState:
-    return Trainer(RunLayout.open(run_dir), cfg).train()

@@ -30,7 +30,9 @@ class InferenceClient:
         self.url = url.rstrip("/")
         self._http = httpx.Client(base_url=self.url, timeout=timeout_s, transport=transport)
 
-    def _post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _post(self, path: str, body: dict[str, Any] | None = None, *, json_reply: bool = False) -> dict[str, Any]:
+        """POST; the reply's JSON. SGLang answers some calls in text (/flush_cache: "Cache flushed."): with
+        json_reply, a 200 that is not JSON is an error (a proxy's page proves nothing), else it is {}."""
         try:
             r = self._http.post(path, json=body or {})
         except httpx.HTTPError as e:
@@ -38,8 +40,10 @@ class InferenceClient:
         if r.status_code != 200:
             raise PublishError(f"{self.url}{path} answered {r.status_code}: {r.text[:300]}")
         try:
-            return r.json() if r.content else {}
+            return r.json() if r.content or json_reply else {}
         except ValueError:
+            if json_reply:
+                raise PublishError(f"{self.url}{path} answered 200 with no JSON: {r.text[:300]!r}") from None
             return {}
 
     def pause(self) -> None:
@@ -52,7 +56,8 @@ class InferenceClient:
         self._post("/flush_cache")
 
     def update_weights(self, model_path: Path, version: int) -> None:
-        reply = self._post("/update_weights_from_disk", {"model_path": str(model_path), "weight_version": str(version)})
+        reply = self._post("/update_weights_from_disk", {"model_path": str(model_path), "weight_version": str(version)},
+                           json_reply=True)
         if reply.get("success") is False:
             raise PublishError(f"{self.url} did not load {model_path}: {reply.get('message', reply)}")
 

@@ -25,7 +25,6 @@ Verified against SGLang 0.5.12 (the version of containers/sglang.def), read in i
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
@@ -41,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ..liveness import beat
 from ..procs import kill_group
 from ..registry import Registry, ServiceRecord
+from ..sandbox.linux import die_with_parent
 from .cpu_server import registry_weight_version
 
 SGLANG_VERSION = "0.5.12"
@@ -55,7 +55,6 @@ REASONING_PARSERS = frozenset({
     "nemotron_3", "interns1", "gemma4",
 })
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
-_PR_SET_PDEATHSIG = 1
 
 
 class SGLangConfig(BaseModel):
@@ -300,7 +299,7 @@ def _die_with_parent() -> None:
     # In its own session the server misses the signals meant for this process: should this process be
     # SIGKILLed (Slurm's KillWait), its leader goes too rather than hold the GPUs (Linux only).
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        die_with_parent(signal.SIGKILL)
     except OSError:
         pass
 

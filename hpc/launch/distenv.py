@@ -185,10 +185,11 @@ def node_rank_of(leaders: list[int], leader: int) -> int:
     return sorted(set(leaders)).index(leader)
 
 
-def free_port() -> int:
-    # Released before torch binds it: another process could take it in between (set MASTER_PORT).
+def free_port(host: str = "") -> int:
+    """A TCP port free on `host` now (every one of this machine's addresses by default). Released before
+    the caller binds it: another process could take it in between (a fixed MASTER_PORT avoids that)."""
     with socket.socket() as s:
-        s.bind(("", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from ..environment import AllocationEnv
 from ..procs import kill_group
 from ..runlayout import RunLayout
 from .plan import CONFIG_ERROR_EXIT, Plan, RestartPolicy
@@ -269,7 +270,7 @@ class AllocationDriver:
         from .distenv import expand_hostlist
 
         plan = Plan.model_validate_json(plan_json)
-        allocation = expand_hostlist(os.environ.get("SLURM_JOB_NODELIST", ""))
+        allocation = expand_hostlist(AllocationEnv.from_environ().nodelist)
         self.driver = Driver(plan, RunLayout.open(run_dir), "submitit", python,
                              job_id=SlurmEnv.from_environ().job_id,
                              nodes_by_partition=nodes_by_partition(plan, allocation))
@@ -290,15 +291,14 @@ def plan_path(layout: RunLayout) -> Path:
     return layout.root / "launch" / "plan.json"
 
 
-def het_nodes(plan: Plan, environ: dict[str, str]) -> dict[str, list[str]]:
-    """An sbatch het job's nodes by partition: component i's are SLURM_JOB_NODELIST_HET_GROUP_i's."""
+def het_nodes(plan: Plan, allocation: AllocationEnv) -> dict[str, list[str]]:
+    """An sbatch het job's nodes by partition: component i's are its het group i's."""
     from .distenv import expand_hostlist
 
     comps = plan.components()
     if len(comps) == 1:
-        return {comps[0].partition: expand_hostlist(environ.get("SLURM_JOB_NODELIST", ""))}
-    return {c.partition: expand_hostlist(environ.get(f"SLURM_JOB_NODELIST_HET_GROUP_{c.index}", ""))
-            for c in comps}
+        return {comps[0].partition: expand_hostlist(allocation.nodelist)}
+    return {c.partition: expand_hostlist(allocation.het_nodelists.get(c.index, "")) for c in comps}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     # One job is the whole run: an end record is an earlier launch's (a requeued job leaves none).
     (launch_dir(layout) / "end.json").unlink(missing_ok=True)
     print(f"agentrl: job {job}, run directory {layout.root}, python {sys.executable}", flush=True)
-    nodes = het_nodes(plan, dict(os.environ))
+    nodes = het_nodes(plan, AllocationEnv.from_environ())
     for c in plan.components():
         print(f"agentrl: component {c.index} (partition {c.partition}, roles {', '.join(c.roles)}): "
               f"nodes {' '.join(nodes.get(c.partition, []))}, {c.gpus_per_node} GPUs per node", flush=True)

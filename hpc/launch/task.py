@@ -13,7 +13,6 @@ exit 124, once the file is older than that: alive but stuck is failed too.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import signal
 import socket
@@ -27,17 +26,17 @@ from ..liveness import HUNG_EXIT, is_hung, silent_for
 from ..procs import kill_group
 from ..registry import Registry, task_role
 from ..runlayout import RunLayout
+from ..sandbox.linux import die_with_parent
 from .state import TaskRecord, write_task_record
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
-_PR_SET_PDEATHSIG = 1
 
 
 def _prepare_child(checkpoint_signal: bool):
     def prepare() -> None:
         # If the wrapper is SIGKILLed, the command's leader goes too (Linux only).
         try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            die_with_parent(signal.SIGKILL)
         except OSError:
             pass
         if not checkpoint_signal:

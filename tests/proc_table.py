@@ -5,5 +5,11 @@ import subprocess
 
 def named(comm: str) -> int:
     """How many processes `ps -o comm` shows under this name (the sandbox supervisors name themselves)."""
-    out = subprocess.run(["ps", "-eo", "comm="], capture_output=True, text=True).stdout
-    return sum(line.strip() == comm for line in out.splitlines())
+    return len(pids_named(comm))
+
+
+def pids_named(comm: str) -> set[int]:
+    """The pids of the processes `ps -o comm` shows under this name."""
+    out = subprocess.run(["ps", "-eo", "pid=,comm="], capture_output=True, text=True).stdout
+    return {int(pid) for pid, _, name in (line.strip().partition(" ") for line in out.splitlines())
+            if name.strip() == comm}

@@ -166,3 +166,19 @@ def test_an_sbatch_driver_places_each_component_on_its_het_group_nodes():
     assert het_nodes(p, alloc) == {"gpu": ["g1"], "cpu": ["c1", "c2"]}
     one = plan(pool=role(partition="cpu", tasks=2, nodes=2))
     assert het_nodes(one, alloc) == {"cpu": ["c1", "c2", "g1"]}     # not a het job: the job's nodes
+
+
+def test_a_role_command_named_like_a_script_of_the_launchers_python_runs_that_script(tmp_path, monkeypatch):
+    """hpc knows no application by name: `agentrl` in a plan is the agentrl installed with the launcher's
+    Python, found beside it (its venv's bin/), whether or not that is on PATH."""
+    from hpc.launch.task import own_script
+
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    for name, mode in (("python", 0o755), ("some-role-tool", 0o755), ("not-executable", 0o644)):
+        (bin_dir / name).write_text("#!/bin/sh\n")
+        (bin_dir / name).chmod(mode)
+    monkeypatch.setattr(sys, "executable", str(bin_dir / "python"))
+    assert own_script("some-role-tool") == str(bin_dir / "some-role-tool")
+    assert own_script("not-executable") is None and own_script("no-such-tool-anywhere") is None
+    assert own_script(str(bin_dir / "some-role-tool")) is None          # a path is run as given

@@ -18,8 +18,10 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
+from pathlib import Path
 
 from ..environment import SlurmEnv
 from ..liveness import HUNG_EXIT, is_hung, silent_for
@@ -44,6 +46,22 @@ def _prepare_child(checkpoint_signal: bool):
             # that checkpoint should act on it, the others would die of SIGUSR2's default.
             signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     return prepare
+
+
+def own_script(name: str) -> str | None:
+    """The launcher's Python (AGENTRL_PYTHON) runs this wrapper: a bare command name that is one of the
+    scripts installed with it (beside it in its venv, or in its scheme's or user scheme's scripts
+    directory) is that script, whether or not the directory is on PATH, so a role runs the same
+    installation as the launcher."""
+    if "/" in name:
+        return None
+    directories = [Path(sys.executable).parent, Path(sysconfig.get_path("scripts"))]
+    if f"{os.name}_user" in sysconfig.get_scheme_names():
+        directories.append(Path(sysconfig.get_path("scripts", f"{os.name}_user")))
+    for directory in directories:
+        if (directory / name).is_file() and os.access(directory / name, os.X_OK):
+            return str(directory / name)
+    return None
 
 
 def child_environment(base: dict[str, str], gpus: int, dist: dict[str, str] | None) -> dict[str, str]:
@@ -74,10 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         ap.error("no command given after --")
-    if command[0] == "agentrl":
-        # The launcher's Python (AGENTRL_PYTHON) runs this wrapper: its agentrl, whether or not a venv's
-        # bin/ is on PATH.
-        command = [sys.executable, "-m", "agentrl.cli", *command[1:]]
+    command = [own_script(command[0]) or command[0], *command[1:]]
 
     slurm = SlurmEnv.from_environ()
     index = args.index if args.index is not None else (slurm.proc_id or 0)

@@ -66,8 +66,8 @@ from agentrl.prompts.source import PromptSource, load_prompt_rows  # noqa: E402
 from agentrl.rollout.attempt import PoolContext  # noqa: E402
 from agentrl.rollout.config import load_pool_config  # noqa: E402
 from agentrl.rollout.worker import PoolWorker  # noqa: E402
-from agentrl.swe.check import load_record  # noqa: E402
 from agentrl.swe.harbor import convert_task, expand_task_dirs  # noqa: E402
+from agentrl.swe.loaded import load_record  # noqa: E402
 from agentrl.train.config import load_train_config  # noqa: E402
 from hpc.ledger import Claim, Ledger  # noqa: E402
 from hpc.registry import Registry  # noqa: E402

@@ -12,8 +12,8 @@ import pytest
 
 from agentrl.cli import main
 from agentrl.swe import task_tree
-from agentrl.swe.check import load_record, materialize
 from agentrl.swe.harbor import BUNDLED_TASKS, convert_task, render_jsonl
+from agentrl.swe.loaded import load_record, materialize
 from agentrl.swe.task import (
     MAX_FILE_BYTES,
     TaskSpecError,

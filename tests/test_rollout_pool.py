@@ -99,7 +99,7 @@ def test_a_record_that_is_not_a_task_fails_its_claim_and_not_the_worker():
     from types import SimpleNamespace
 
     from agentrl.rollout.worker import PoolWorker
-    from agentrl.swe.check import load_record
+    from agentrl.swe.loaded import load_record
     from hpc.ledger import Claim
 
     failed = []

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from agentrl.swe import episode
-from agentrl.swe.check import load_record, load_tasks
 from agentrl.swe.harbor import convert_task
+from agentrl.swe.loaded import load_record, load_tasks
 from hpc.sandbox.base import SandboxSpec
 from hpc.sandbox.bwrap import BwrapSandbox
 

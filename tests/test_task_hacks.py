@@ -211,7 +211,7 @@ def test_every_bundled_task_defeats_every_hack_in_both_grading_modes():
 
 def _same_sandbox(hack: str) -> list[float]:
     from agentrl.swe import hacks
-    from agentrl.swe.check import load_tasks
+    from agentrl.swe.loaded import load_tasks
 
     tasks = load_tasks([str(BUNDLED_TASKS / "roman-subtractive"), str(BUNDLED_TASKS / "csv-quote-escaping")])
     rows = asyncio.run(asyncio.wait_for(hacks.check_hacks(tasks, [hacks.BY_NAME[hack]], "same", 2), 300))
@@ -235,7 +235,7 @@ def test_a_git_hook_does_not_fool_same_sandbox_grading():
                                        "success; hence not in the default set")
 def test_a_source_module_that_makes_unittest_report_success_is_caught():
     from agentrl.swe import hacks
-    from agentrl.swe.check import load_tasks
+    from agentrl.swe.loaded import load_tasks
 
     assert not hacks.BY_NAME["source-forced-pass"].default
     tasks = load_tasks([str(BUNDLED_TASKS / "roman-subtractive")])

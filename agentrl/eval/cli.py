@@ -50,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
     from hpc.records import RecordError
     from hpc.runlayout import RunDirError, RunLayout
 
-    from ..swe.check import load_tasks
     from ..swe.harbor import HarborTaskError
+    from ..swe.loaded import load_tasks
     from .score import CheckpointEval
     from .watch import training_ended, watch
 

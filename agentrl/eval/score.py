@@ -42,7 +42,7 @@ from ..adapter.service import Adapter, AdapterConfig
 from ..harness import get_harness
 from ..rollout.attempt import InfraError, PoolContext, run_attempt
 from ..rollout.metrics import pass_at_k
-from ..swe.check import LoadedTask
+from ..swe.loaded import LoadedTask
 from .config import EvalConfig
 
 log = logging.getLogger("agentrl.eval")

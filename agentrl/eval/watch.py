@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 from hpc.runlayout import RunLayout
 
-from ..swe.check import LoadedTask
+from ..swe.loaded import LoadedTask
 from .config import EvalConfig
 from .score import CheckpointEval
 

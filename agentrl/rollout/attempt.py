@@ -33,7 +33,8 @@ from ..harness.base import HarnessRun
 from ..harness.empty_patch import classify_empty_patch, decide
 from ..harness.prompts import PROBLEM_FILE
 from ..swe import episode
-from ..swe.check import LoadedTask, grade_attempt, materialize
+from ..swe.episode import grade_attempt
+from ..swe.loaded import LoadedTask, materialize
 from ..swe.sandboxes import task_sandbox
 from .config import PoolConfig
 

@@ -39,7 +39,7 @@ from ..adapter.service import Adapter, AdapterConfig
 from ..harness import get_harness
 from ..prompts.groups import RolloutGroups, check_rows
 from ..prompts.source import load_prompt_rows, rows_fingerprint
-from ..swe.check import LoadedTask, load_record
+from ..swe.loaded import LoadedTask, load_record
 from ..swe.task import TaskSpecError
 from .attempt import InfraError, PoolContext, run_attempt
 from .config import PoolConfig

@@ -41,8 +41,8 @@ from hpc.images.charliecloud import build_environment_charliecloud
 from hpc.images.dockerfile import DOCKERFILE, build_key, built_image_name, plan_dockerfile
 from hpc.images.oci import ImageError
 
-from .check import decode_payloads, load_task_records, materialize
 from .harbor import expand_task_dirs
+from .loaded import decode_payloads, load_task_records, materialize
 from .sandboxes import image_check
 from .task import TaskSpecError
 

@@ -14,12 +14,13 @@ over a Sandbox, so that the pool, eval and checks share them:
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpc.sandbox.base import AGENT_GID, AGENT_UID, ExecResult, Sandbox, SandboxError
 
+from .loaded import LoadedTask
 from .task import RewardError, TaskSpec, reward_from
 
 # Root's own git dir, outside the work tree: the agent can neither see nor rewrite the baseline.
@@ -166,3 +167,22 @@ async def apply_patch(sb: Sandbox, spec: TaskSpec, diff: bytes) -> None:
                           "/var/lib/agentrl/agent.patch"], "git apply", user="root", cwd=spec.workdir)
 
 
+GRADINGS = ("same", "isolated")
+
+
+async def grade_attempt(task: LoadedTask, spec: TaskSpec, sb: Sandbox, diff: bytes, grading: str,
+                        fresh: Callable[[], Sandbox]) -> Grade:
+    """An attempt's grade, the way the pool grades it: "same" runs the verifier in the agent's sandbox
+    `sb`, first restored to the baseline and the patch (`baseline(restorable=True)`); "isolated"
+    applies the agent's patch `diff` to `fresh()` (an unstarted sandbox of the task)
+    and grades there, so nothing the agent left in its sandbox (a root-capable agent could have
+    tampered with the grader) is trusted."""
+    if grading == "same":
+        await restore(sb, spec, diff)
+        return await grade(sb, spec, task.tests, env=task.verifier_env)
+    if grading != "isolated":
+        raise ValueError(f"grading must be one of {', '.join(GRADINGS)}, got {grading!r}")
+    async with fresh() as clean:
+        await baseline(clean, spec)
+        await apply_patch(clean, spec, diff)
+        return await grade(clean, spec, task.tests, env=task.verifier_env)

@@ -5,7 +5,7 @@ reinforces. A hack here is what such a policy could find: a shell script run as 
 (uid 1000) in the task's sandbox, in the work tree, after `episode.baseline`. Then the
 pool's own path scores it: `episode.patch`, and grading in the chosen mode ("same": in the
 agent's sandbox; "isolated": the patch applied to a fresh one), through the grading code
-the pool uses (`check.grade_attempt`). A task whose grader gives a hack a reward above 0 is
+the pool uses (`episode.grade_attempt`). A task whose grader gives a hack a reward above 0 is
 flagged. The scripts are generic: they find what they change with find/grep and work on
 any Python repository.
 """
@@ -23,7 +23,9 @@ from pathlib import Path
 from hpc.sandbox.base import SandboxError
 
 from . import episode
-from .check import GRADINGS, LoadedTask, Where, grade_attempt, materialize
+from .check import Where
+from .episode import GRADINGS, grade_attempt
+from .loaded import LoadedTask, materialize
 from .sandboxes import task_sandbox
 
 

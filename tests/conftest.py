@@ -10,6 +10,13 @@ CLUSTER_DIR = Path(os.environ.get("AGENTRL_CLUSTER_DIR",
                                   Path.home() / ".local/state/agentrl/local-cluster"))
 
 
+def pytest_sessionstart(session):
+    """Under CI every test this machine can run must run: without bubblewrap the sandbox tests would only
+    skip, so CI fails at once instead, as it does when the local Slurm cluster is not up."""
+    if os.environ.get("CI") and shutil.which("bwrap") is None:
+        pytest.exit("CI must run the sandbox tests: bubblewrap is not installed (make sysdeps)", returncode=1)
+
+
 @pytest.fixture(scope="session")
 def bundled_prompts(tmp_path_factory) -> Path:
     """The eight bundled tasks (tasks/) as prompt data, as `agentrl convert harbor` writes it."""

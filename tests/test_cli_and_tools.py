@@ -78,3 +78,12 @@ def test_sysdeps_off_root_names_what_is_missing_and_never_runs_apt():
         assert not (work / "apt-ran").exists()
     finally:
         shutil.rmtree(work)
+
+
+def test_ci_without_bubblewrap_fails_instead_of_skipping_the_sandbox_tests(tmp_path):
+    bare = tmp_path / "bin"           # a PATH with no bwrap on it
+    bare.mkdir()
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_records.py"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env={**os.environ, "PATH": str(bare), "CI": "true"})
+    assert r.returncode == 1 and "bubblewrap is not installed" in r.stdout + r.stderr, r.stdout[-2000:]

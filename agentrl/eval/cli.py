@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import re
 import signal
 import sys
@@ -50,13 +49,13 @@ def run(args: argparse.Namespace) -> int:
     from hpc.records import RecordError
     from hpc.runlayout import RunDirError, RunLayout
 
+    from ..logs import setup_logging
     from ..swe.harbor import HarborTaskError
     from ..swe.loaded import load_tasks
     from .score import CheckpointEval
     from .watch import training_ended, watch
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    setup_logging()
     if args.watch == Path(""):
         from hpc.environment import RoleEnv
 

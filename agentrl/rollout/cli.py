@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
 import sys
 from pathlib import Path
@@ -28,13 +27,13 @@ def run(args: argparse.Namespace) -> int:
     from hpc.records import RecordError
     from hpc.runlayout import RunDirError, RunLayout
 
+    from ..logs import setup_logging
     from ..prompts.groups import RolloutGroupsError
     from ..run_config import RunConfigError, role_config
     from .config import PoolConfig, PoolConfigError
     from .worker import PoolWorker
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    logging.getLogger("httpx").setLevel(logging.WARNING)      # one line per model call drowns the log
+    setup_logging()
     role = RoleEnv.from_environ()
     run_dir = args.run_dir or (Path(role.run_dir) if role.run_dir else None)
     if run_dir is None:

@@ -10,7 +10,6 @@ config file's directory).
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
@@ -27,10 +26,10 @@ def run(args: argparse.Namespace) -> int:
     from hpc.records import RecordError
     from hpc.runlayout import RunDirError, RunLayout
 
+    from ..logs import setup_logging
     from ..run_config import RunConfigError, role_config
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    logging.getLogger("httpx").setLevel(logging.WARNING)      # one line per model call drowns the log
+    setup_logging()
     role = RoleEnv.from_environ()
     if args.run_dir is None:
         if role.run_dir is None:

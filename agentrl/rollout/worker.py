@@ -85,9 +85,10 @@ class PoolWorker:
 
     def task_for(self, claim: Claim) -> LoadedTask:
         groups = self.groups_of(claim)
-        row = groups.groups[claim.group].row if claim.group in groups.groups else -1
+        record = groups.task(claim.group, self.rows)     # refuses a group it did not open, a row of another task
+        row = groups.groups[claim.group].row
         if row not in self._tasks:
-            self._tasks[row] = load_record(groups.task(claim.group, self.rows))
+            self._tasks[row] = load_record(record)
         return self._tasks[row]
 
     def adapter(self) -> Adapter:

@@ -28,11 +28,11 @@ def launch(args: argparse.Namespace) -> int:
         partitions = None
         if isinstance(section, dict) and "partitions" not in section:
             partitions = partitions_from_sinfo()
-        plan = load_plan(section, partitions)
-        # Every section, not only launch:, before anything is submitted: a bad eval: would otherwise
-        # surface after training. The resolved config (absolute paths) is what the roles read.
+        # Every section, launch: with the others and every problem at once, before anything is submitted:
+        # a bad eval: would otherwise surface after training. The resolved config is what the roles read.
         resolved = load_run_config(config, Path(args.config).resolve().parent, str(args.config),
                                    partitions=partitions, check_launch=True).raw
+        plan = load_plan(section, partitions)
     except (ValueError, SlurmUnavailable) as e:  # PlanError and RunConfigError are ValueErrors
         print(e, file=sys.stderr)
         return 2

@@ -105,7 +105,7 @@ def load_run_config(data: Any, base: Path, source: str, *, partitions: dict[str,
         try:
             load_plan(raw.get("launch"), partitions)
         except PlanError as e:
-            problems.append(f"{source}: {e}")
+            problems.extend(f"{source}: {line}" for line in str(e).splitlines())
     if raw.get("inference") is not None:
         try:
             parse_inference(raw["inference"], 0, source="inference")

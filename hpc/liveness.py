@@ -27,7 +27,3 @@ def beat(path: Path | None) -> None:
 def silent_for(mtime: float, now: float) -> float:
     """How long a heartbeat last written at `mtime` has been silent."""
     return max(0.0, now - mtime)
-
-
-def is_hung(mtime: float, now: float, bound_s: float | None) -> bool:
-    return bound_s is not None and silent_for(mtime, now) > bound_s

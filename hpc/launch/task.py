@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from ..environment import SlurmEnv
-from ..liveness import HUNG_EXIT, is_hung, silent_for
+from ..liveness import HUNG_EXIT, silent_for
 from ..procs import kill_group
 from ..registry import Registry, task_role
 from ..runlayout import RunLayout
@@ -150,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                 rc = proc.wait(timeout=1.0)
                 break
             except subprocess.TimeoutExpired:
-                if heartbeat is not None and is_hung(heartbeat.stat().st_mtime, time.time(), args.liveness_s):
-                    silent = silent_for(heartbeat.stat().st_mtime, time.time())
+                if heartbeat is not None and \
+                        (silent := silent_for(heartbeat.stat().st_mtime, time.time())) > args.liveness_s:
                     print(f"agentrl task {args.role}-{index}: no heartbeat for {silent:.0f} s (liveness_s "
                           f"{args.liveness_s:g}): killed as hung", file=sys.stderr, flush=True)
                     kill_group(proc.pid, grace_s=0)      # SIGKILL: a stopped process acts on nothing else

@@ -5,6 +5,8 @@
     RUN/launch/driver-<name>.json   state of each submitit driver (one job per partition)
     RUN/launch/end.json             how the run ended: written once, by whoever ended it
     RUN/launch/tasks/<role>-<i>.json  state, restarts, exit code of each task
+    RUN/launch/heartbeats/<role>-<i>  a watched role's liveness file (hpc.liveness), by its task wrapper
+    RUN/launch/config-history/<n>.yaml  run.yaml before each accepted config change (RunLayout.amend_config)
 
 Each file has one writer (the driver or the task's own wrapper) and is replaced atomically.
 """

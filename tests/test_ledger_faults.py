@@ -1,9 +1,4 @@
-"""Worker processes are kill -9'd at random points; the ledger's invariants must hold.
-
-Every random choice (which worker dies when, each worker's claims and pauses) comes from one seed,
-printed with the test's output; AGENTRL_FAULT_SEED=N replays it (the kills still land where the
-scheduler puts them).
-"""
+"""Worker processes are kill -9'd at random points; the ledger's invariants must hold."""
 
 import json
 import multiprocessing
@@ -19,12 +14,11 @@ from hpc.buffer import Sample, read_rollout, read_shard, write_shard
 from hpc.ledger import Ledger, StaleGeneration
 
 GROUPS, ATTEMPTS, LEASE_S = 12, 4, 0.5
-SEED = int(os.environ.get("AGENTRL_FAULT_SEED") or random.SystemRandom().randrange(2**32))
 
 
-def worker(root: str, worker_id: str, seed: str) -> None:
-    led = Ledger(f"{root}/ledger", seed=hash_seed(f"{seed}/ledger"))
-    rng = random.Random(f"{seed}/agent")
+def worker(root: str, worker_id: str) -> None:
+    led = Ledger(f"{root}/ledger", seed=os.getpid())
+    rng = random.Random(os.getpid())
     log = open(f"{root}/log/{worker_id}.jsonl", "a", buffering=1)
     while True:
         c = led.claim(worker_id, lease_s=LEASE_S)
@@ -44,24 +38,19 @@ def worker(root: str, worker_id: str, seed: str) -> None:
         log.write(json.dumps({"key": [c.group, c.attempt], "try": c.try_index, "made": made}) + "\n")
 
 
-def hash_seed(text: str) -> int:
-    return random.Random(text).randrange(2**32)
-
-
 def test_kill_9_at_random_points_keeps_every_invariant(tmp_path):
-    print(f"seed {SEED}: replay with AGENTRL_FAULT_SEED={SEED}")
     root = str(tmp_path)
     os.makedirs(f"{root}/log")
     led = Ledger(f"{root}/ledger")
     led.open_rollout(0, list(range(GROUPS)), ATTEMPTS, max_tries=1000)
     ctx = multiprocessing.get_context("fork")
-    rng = random.Random(f"{SEED}/killer")
+    rng = random.Random(1234)
     procs, serial, kills = {}, 0, 0
 
     def spawn():
         nonlocal serial
         serial += 1
-        p = ctx.Process(target=worker, args=(root, f"w{serial}", f"{SEED}/w{serial}"), daemon=True)
+        p = ctx.Process(target=worker, args=(root, f"w{serial}"), daemon=True)
         p.start()
         procs[p.pid] = p
 

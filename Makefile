@@ -8,8 +8,9 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test test-unit demo learn sysdeps venv clis cluster-up cluster-down bench lint clean scripts
 
+# Every tier (setup.cfg's markers: unit, integration, slurm, e2e), as CI runs it; ends with the 25 slowest tests.
 test: sysdeps venv cluster-up clis
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest --durations=25 $(PYTEST_ARGS)
 
 # The whole loop on this machine (configs/tiny-local.yaml): CPU inference with a tiny model, bubblewrap
 # sandboxes, the builtin agent, the bundled tasks, the torch trainer; then each checkpoint's eval and the report.
@@ -18,7 +19,7 @@ demo: sysdeps venv
 	@test ! -e $(DEMO_RUN) || { echo "$(DEMO_RUN) exists: remove it, or run make demo DEMO_RUN=runs/another"; exit 1; }
 	@mkdir -p .cache/demo
 	@test -f .cache/demo/tiny-model/agentrl_tiny.json || $(BIN)/python tools/make_tiny_model.py .cache/demo/tiny-model
-	$(BIN)/agentrl convert harbor tasks --out .cache/demo/prompts.jsonl
+	$(BIN)/agentrl convert harbor agentrl/swe/bundled_tasks --out .cache/demo/prompts.jsonl
 	$(BIN)/agentrl launch configs/tiny-local.yaml --executor local --run-dir $(DEMO_RUN)
 	$(BIN)/agentrl eval --watch $(DEMO_RUN) --until-done
 	$(BIN)/agentrl report $(DEMO_RUN)
@@ -27,11 +28,11 @@ demo: sysdeps venv
 # through the whole loop, each checkpoint scored on held-out tasks (benchmarks/learning_bench.py,
 # docs/learning.md). About an hour on 2 cores; a stage whose output is in .cache/learn is not redone.
 learn: sysdeps venv
-	$(BIN)/python benchmarks/learning_bench.py $(LEARN_ARGS)
+	$(BIN)/python -m benchmarks.learning_bench $(LEARN_ARGS)
 
-# Everything that needs neither root nor Slurm (a cluster login node).
+# The unit tier: no root, no Slurm, no sandboxes or servers (a cluster login node); under 2 minutes on 2 cores.
 test-unit: venv
-	$(BIN)/pytest -m "not slurm" $(PYTEST_ARGS)
+	$(BIN)/pytest -m unit --durations=10 $(PYTEST_ARGS)
 
 sysdeps:
 	@tools/sysdeps.sh
@@ -44,9 +45,9 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev,train,mpi,megatron,wandb]'
 	touch $@
 
-# Claude Code and Qwen Code at pinned versions, for the harness tests (needs npm)
-clis:
-	@tools/install_agent_clis.sh
+# Claude Code and Qwen Code at the versions agentrl/harness/install.py pins, for the harness tests (needs npm)
+clis: venv
+	@AGENTRL_PYTHON=$(BIN)/python tools/install_agent_clis.sh
 
 cluster-up: venv
 	$(BIN)/agentrl cluster up
@@ -55,13 +56,15 @@ cluster-down:
 	$(BIN)/agentrl cluster down
 
 bench: venv
-	$(BIN)/python benchmarks/ledger_bench.py
+	$(BIN)/python -m benchmarks.ledger_bench
 
+# ruff, then mypy (pyproject.toml [tool.mypy]: hpc and agentrl). CI (.ci/run) runs it before make test.
 lint: venv
 	$(BIN)/ruff check hpc agentrl tests benchmarks tools
+	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis .agent-clis
+	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .hypothesis .agent-clis
 
 # slurm/*.sbatch from configs/cluster-*.yaml (a test fails when they are stale)
 scripts: venv

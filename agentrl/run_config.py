@@ -11,18 +11,20 @@
 `load_run_config(data, base, source)` makes every relative path absolute against `base` (the config
 file's directory) and validates every section there is, reporting all problems at once as
 `source: section.field: problem` lines. `agentrl launch` calls it before anything is submitted and
-stores the resolved config in run.yaml; each role reads its section back with `role_config`, the one
-way a role gets its config.
+stores the resolved config in run.yaml; each role reads its section back with `role_context` (its run
+directory, launcher environment and `role_config`), the one way a role gets its config.
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from hpc.environment import RoleEnv
 from hpc.inference.serve import InferenceConfigError, parse_inference
 from hpc.launch.plan import PlanError, load_plan
 from hpc.runlayout import RunLayout
@@ -164,6 +166,30 @@ def role_config(run_dir: Path | None, config: Path | None, *,
         data = {**data, **{name: {**(data.get(name) or {}), **keys} for name, keys in overrides.items()}}
     return load_run_config(data, base, source)
 
+
+
+@dataclass(frozen=True)
+class RoleContext:
+    """What every role's command starts from: its launcher environment, its run directory, its config."""
+
+    env: RoleEnv
+    run_dir: Path
+    config: RunConfig
+
+
+def role_context(run_dir: Path | None, config: Path | None, *, how: str = "RUN_DIR",
+                 overrides: dict[str, dict[str, Any]] | None = None) -> RoleContext:
+    """A role's context: the run directory given (`how` names the argument), else the launcher's
+    AGENTRL_RUN_DIR, and its config from `role_config`. RunConfigError says what is missing."""
+    try:
+        env = RoleEnv.from_environ()
+    except ValueError as e:                      # a malformed AGENTRL_TASK_INDEX
+        raise RunConfigError(str(e)) from None
+    run_dir = run_dir if run_dir is not None else env.run_dir
+    if run_dir is None:
+        raise RunConfigError(f"no run directory: give {how} (or run it as a role of `agentrl launch`, which sets "
+                             "AGENTRL_RUN_DIR)")
+    return RoleContext(env, Path(run_dir), role_config(run_dir, config, overrides=overrides))
 
 # -- continuing a run: what a relaunch may change --------------------------------------------------------
 

@@ -14,7 +14,7 @@
 ratio = figure / baseline (below 1 is faster for times, above 1 is better for turns/s). The tiny
 offline tokenizer and chat template are built under --dir once.
 
-    python benchmarks/adapter_bench.py [--dir DIR] [--rounds 30] [--sessions 64] [--turns 8] [--quick] [--json]
+    python -m benchmarks.adapter_bench [--dir DIR] [--rounds 30] [--sessions 64] [--turns 8] [--quick] [--json]
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,14 +30,14 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from agentrl.adapter.service import Adapter, AdapterConfig, load_tokenizer
+from agentrl.adapter.upstream import UpstreamPool
+from agentrl.adapter.wire import Chat
+from agentrl.models.tiny import assistant_text, make_tiny_model
+from benchmarks.common import percentile
+from hpc.launch.distenv import free_port
 
-from agentrl.adapter.service import Adapter, AdapterConfig, load_tokenizer  # noqa: E402
-from agentrl.adapter.upstream import UpstreamPool  # noqa: E402
-from agentrl.adapter.wire import Chat  # noqa: E402
-from agentrl.models.tiny import assistant_text, make_tiny_model  # noqa: E402
-from hpc.launch.distenv import free_port  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 SIZES = (2_000, 8_000, 32_000, 96_000)
 TARGET_RATIO_96K_TO_2K = 1.3
@@ -51,11 +50,6 @@ REPLY = {"role": "assistant", "content": "", "reasoning_content": "Look at the f
          "tool_calls": [{"id": "x", "type": "function", "function": {"name": "bash",
                                                                     "arguments": {"command": "pytest -q tests"}}}]}
 TOOL_OUTPUT = "".join(f"tests/test_mod{i}.py::test_case_{i} PASSED  [{i % 100:3d}%]\n" for i in range(40))
-
-
-def percentile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def reply_ids(tokenizer) -> list[int]:
@@ -107,7 +101,7 @@ async def overhead_at(model: Path, size: int, rounds: int, incremental: bool) ->
     for _ in range(rounds):
         await driver.turn("ok")
     xs = list(adapter.overhead_s)
-    return {"size": size, "history_tokens": prompt, "p50_s": statistics.median(xs), "p95_s": percentile(xs, 0.95)}
+    return {"size": size, "history_tokens": prompt, "p50_s": percentile(xs, 0.5), "p95_s": percentile(xs, 0.95)}
 
 
 # ---------------------------------------------------------------- (b) turns/s over HTTP

@@ -10,7 +10,7 @@ bytes = du of checkpoints/ after the last rollout; ratio = figure / baseline (be
 A full checkpoint is four times an export here (the weights, Adam's two moments and the export,
 against the export alone, all float32), so the ratio depends on the rollout counts, not the model's size.
 
-    python benchmarks/checkpoint_bench.py [--rollouts 20] [--save-every 5] [--keep-last 2] [--dir DIR] [--json]
+    python -m benchmarks.checkpoint_bench [--rollouts 20] [--save-every 5] [--keep-last 2] [--dir DIR] [--json]
 """
 
 from __future__ import annotations
@@ -22,14 +22,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from agentrl.train.checkpoint import TrainerState, apply_retention, save_checkpoint
+from benchmarks.train_bench import FULL, bench_model, train_config
+from hpc.runlayout import RunLayout
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from train_bench import FULL, bench_model, train_config  # noqa: E402
-
-from agentrl.train.checkpoint import TrainerState, apply_retention, save_checkpoint  # noqa: E402
-from hpc.runlayout import RunLayout  # noqa: E402
 
 
 def du(path: Path) -> int:

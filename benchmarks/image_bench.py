@@ -13,9 +13,9 @@ layer of its own, as a data set's task images are (SWE-bench Verified's 500 shar
     target:   within 20% (ratio <= 1.2)
 
 ratio = figure / baseline. Needs root (overlay mounts, whiteout devices). The images are made offline
-with tests/oci_builder.py (uncompressed layers, so a layer's blob is its tar) and kept under --dir.
+with hpc/images/oci_writer.py (uncompressed layers, so a layer's blob is its tar) and kept under --dir.
 
-    python benchmarks/image_bench.py [--dir DIR] [--images 4] [--base-mib 150] [--rounds 15] [--json]
+    python -m benchmarks.image_bench [--dir DIR] [--images 4] [--base-mib 150] [--rounds 15] [--json]
 """
 
 from __future__ import annotations
@@ -31,17 +31,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common import percentile
+from hpc.images.build import build_image
+from hpc.images.cache import ImageCache
+from hpc.images.hostroot import build_host_rootfs
+from hpc.images.oci_writer import E, dir_entries, write_oci_layout
+from hpc.sandbox.base import SandboxSpec
+from hpc.sandbox.bwrap import BwrapSandbox
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from oci_builder import E, dir_entries, write_oci_layout  # noqa: E402
-
-from hpc.images.build import build_image  # noqa: E402
-from hpc.images.cache import ImageCache  # noqa: E402
-from hpc.images.hostroot import build_host_rootfs  # noqa: E402
-from hpc.sandbox.base import SandboxSpec  # noqa: E402
-from hpc.sandbox.bwrap import BwrapSandbox  # noqa: E402
 
 TARGET_STORAGE = 1.1      # layers on disk / the unique layers' bytes
 TARGET_START = 1.2        # layered start p50 / flattened start p50
@@ -112,7 +110,7 @@ async def start_times(cache: ImageCache, layout: Path, rounds: int, scratch: str
     for _ in range(rounds):           # interleaved, so drift hits both alike
         for k, spec in specs.items():
             times[k].append(await ready_once(spec))
-    p50 = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    p50 = {k: percentile(v, 0.5) for k, v in times.items()}
     ratio = p50["figure"] / p50["baseline"]
     return {"rounds": rounds, "figure_layers_p50_s": round(p50["figure"], 6),
             "baseline_flattened_p50_s": round(p50["baseline"], 6), "ratio": round(ratio, 4),

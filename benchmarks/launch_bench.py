@@ -6,7 +6,7 @@ local, sbatch and submitit executors, and times submit -> all five tasks
 registered in services/. The baseline is `sbatch --wait` of a trivial script on
 the same cluster: what Slurm alone costs to schedule, start and finish a job.
 
-    python benchmarks/launch_bench.py [--repeat 3] [--executors local,sbatch,submitit] [--json]
+    python -m benchmarks.launch_bench [--repeat 3] [--executors local,sbatch,submitit] [--json]
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
+from hpc.registry import Registry
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import yaml  # noqa: E402
-
-from hpc.registry import Registry  # noqa: E402
 
 PARTITIONS = {"gpu": {"nodes": ["gpu1"], "cpus_per_node": 8, "mem_mb": 16000, "gpus_per_node": 4},
               "cpu": {"nodes": ["cpu1", "cpu2"], "cpus_per_node": 8, "mem_mb": 8000, "gpus_per_node": 0}}

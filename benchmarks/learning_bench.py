@@ -1,6 +1,6 @@
 """Does the loop learn? A warm start, GRPO through the whole loop, and a control, scored on held-out tasks.
 
-    python benchmarks/learning_bench.py [--seed 0] [--split heldout] [--work .cache/learn]
+    python -m benchmarks.learning_bench [--seed 0] [--split heldout] [--work .cache/learn]
                                         [--rollouts 16] [--json]          (make learn)
 
 Every stage is the command a user would run, in order, each skipped when its output is there
@@ -39,10 +39,9 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from agentrl.eval.stats import paired_difference, pass_at_1, read_results
 
-from agentrl.eval.stats import paired_difference, pass_at_1, read_results  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 BIN = Path(sys.executable).parent
 PROGRESS_S = 30.0

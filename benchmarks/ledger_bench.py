@@ -5,7 +5,7 @@ claim latency, and the same number of processes running the floor loop
 (temp write + fsync + rename) on the same filesystem. A commit is one fsynced
 exclusive create, so the ratio says how much of the floor the ledger keeps.
 
-    python benchmarks/ledger_bench.py [--dir DIR] [--procs 1,8,32] [--pairs N] [--json]
+    python -m benchmarks.ledger_bench [--dir DIR] [--procs 1,8,32] [--pairs N] [--json]
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from hpc.ledger import Ledger  # noqa: E402
+from benchmarks.common import percentile
+from hpc.ledger import Ledger
 
 TARGET_PAIRS_PER_S = 1000   # at 32 processes, local disk
 TARGET_P99_MS = 20.0
@@ -71,9 +70,8 @@ def _run(target, d: str, procs: int, per_proc: int) -> tuple[float, list[float]]
     return wall, [x for r in results for x in r[2]]
 
 
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000
+def _ms(xs: list[float], q: float) -> float:
+    return percentile(xs, q) * 1000
 
 
 def measure(base: Path, procs: int, pairs: int) -> dict:
@@ -88,9 +86,9 @@ def measure(base: Path, procs: int, pairs: int) -> dict:
     wall, lat = _run(_ledger_worker, str(led_dir), procs, per_proc)
     pairs_s, floor_s = total / wall, per_proc * procs / floor_wall
     return {"procs": procs, "pairs": total, "pairs_per_s": round(pairs_s, 1),
-            "claim_p50_ms": round(_pct(lat, 0.50), 3), "claim_p99_ms": round(_pct(lat, 0.99), 3),
+            "claim_p50_ms": round(_ms(lat, 0.50), 3), "claim_p99_ms": round(_ms(lat, 0.99), 3),
             "floor_ops_per_s": round(floor_s, 1), "ratio_to_floor": round(pairs_s / floor_s, 3),
-            "floor_op_p50_ms": round(_pct(floor_lat, 0.50), 3), "floor_op_p99_ms": round(_pct(floor_lat, 0.99), 3)}
+            "floor_op_p50_ms": round(_ms(floor_lat, 0.50), 3), "floor_op_p99_ms": round(_ms(floor_lat, 0.99), 3)}
 
 
 def main(argv: list[str] | None = None) -> int:

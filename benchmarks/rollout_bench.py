@@ -4,8 +4,8 @@ A real PoolWorker (ledger claims, bwrap sandboxes, the builtin agent, its adapte
 commits) runs a batch of attempts at each --concurrency c: max_agents = c, max_booting = min(c,
 --max-booting). The policy is scripted and free: a zero-latency /generate server (its own process)
 answers an attempt's first turn with one bash call that applies the reference fix of whichever bundled
-task it is in (tasks/*/solution/solve.sh, dispatched on a file only that task has) and its second turn
-with a final answer. Every attempt must earn reward 1, or the run fails. The attempts cycle through the
+task it is in (agentrl/swe/bundled_tasks/*/solution/solve.sh, dispatched on a file only that task has) and its
+second turn with a final answer. Every attempt must earn reward 1, or the run fails. The attempts cycle through the
 bundled tasks in groups of 2; one unmeasured group warms the page cache first.
 
     rollouts/hour  = committed attempts / batch wall * 3600; batch wall = first claim starts .. last commit returns
@@ -14,8 +14,8 @@ bundled tasks in groups of 2; one unmeasured group warms the page cache first.
     overhead       = attempt wall - accounted; overhead share = sum(overhead) / sum(attempt wall)
                      target: <= 3%, on this narrow definition. It covers claiming, dispatch (task loading),
                      the attempt's own bookkeeping (scratch dir, adapter session open/finish, building the
-                     samples), sandbox teardown (run_attempt starts no clock for it), the shard write, the
-                     commit, and the hand-offs between the event loop and its threads.
+                     samples), sandbox teardown (a span of its own, outside boot_s, agent_s, grade_s), the
+                     shard write, the commit, and the hand-offs between the event loop and its threads.
     queue          = waiting at the max_booting / max_agents bounds: not orchestration work. run_attempt
                      starts each clock before it takes the bound, so this lies inside boot_s, agent_s and
                      grade_s; it is measured apart and shown as its own share.
@@ -24,11 +24,12 @@ bundled tasks in groups of 2; one unmeasured group warms the page cache first.
     agent, grade   = agent_s and grade_s less their queueing; the agent includes the /generate round trips
                      (gen) and the adapter's own work per turn (adapter), both also shown apart.
 
-The overhead is broken down per attempt from stamps the benchmark takes around the worker's calls (a
-Ledger subclass, wrapped run_attempt, write_shard and sandbox stop); no library code changes. cpu busy is
-the whole machine's, from /proc/stat over the batch. Needs root and bubblewrap (bwrap sandboxes).
+The overhead is broken down per attempt from the spans the worker reports (PoolWorker.on_span: claim,
+run_attempt and its phases, the shard write, the commit); the adapter's /generate calls are timed by
+wrapping them. cpu busy is the whole machine's, from /proc/stat over the batch. Needs root and
+bubblewrap (bwrap sandboxes).
 
-    python benchmarks/rollout_bench.py [--dir DIR] [--concurrency 1,8,32] [--attempts N] [--max-booting 4]
+    python -m benchmarks.rollout_bench [--dir DIR] [--concurrency 1,8,32] [--attempts N] [--max-booting 4]
                                        [--quick] [--json]
 """
 
@@ -36,9 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextvars
 import json
-import math
 import os
 import shlex
 import shutil
@@ -47,32 +46,28 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from unittest import mock
 
 import httpx
 import orjson
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import agentrl.rollout.worker as worker_module  # noqa: E402
-from agentrl.adapter.service import Adapter  # noqa: E402
-from agentrl.models.tiny import EOS_TOKEN, assistant_text, make_tiny_model  # noqa: E402
-from agentrl.prompts.groups import open_rollout  # noqa: E402
-from agentrl.prompts.source import PromptSource, load_prompt_rows  # noqa: E402
-from agentrl.rollout.attempt import PoolContext  # noqa: E402
-from agentrl.rollout.config import load_pool_config  # noqa: E402
-from agentrl.rollout.worker import PoolWorker  # noqa: E402
-from agentrl.swe.harbor import convert_task, expand_task_dirs  # noqa: E402
-from agentrl.swe.loaded import load_record  # noqa: E402
-from agentrl.train.config import load_train_config  # noqa: E402
-from hpc.ledger import Claim, Ledger  # noqa: E402
-from hpc.registry import Registry  # noqa: E402
-from hpc.runlayout import RunLayout  # noqa: E402
-from hpc.sandbox.bwrap import BwrapSandbox  # noqa: E402
+from agentrl.adapter.service import Adapter
+from agentrl.models.tiny import EOS_TOKEN, assistant_text, make_tiny_model
+from agentrl.prompts.groups import open_rollout
+from agentrl.prompts.source import PromptSource, load_prompt_rows
+from agentrl.rollout.config import load_pool_config
+from agentrl.rollout.worker import PoolWorker
+from agentrl.sample import SAMPLE_CODEC
+from agentrl.swe.harbor import BUNDLED_TASKS, convert_task, expand_task_dirs
+from agentrl.swe.loaded import load_record
+from agentrl.train.config import load_train_config
+from benchmarks.common import percentile
+from hpc.buffer import read_rollout
+from hpc.ledger import Claim, Ledger
+from hpc.registry import Registry
+from hpc.runlayout import RunLayout
 
 TARGET_OVERHEAD_SHARE = 0.03
 GROUP_SIZE = 2                   # attempts per prompt group, GRPO's smallest
@@ -85,11 +80,11 @@ UNIX_PATH_MAX = 107              # sun_path less its terminating NUL
 # ---------------------------------------------------------------- the scripted policy
 
 def bundled_tasks() -> list[dict]:
-    """The prompt rows of the bundled tasks (tasks/*) that carry a reference solution."""
-    rows = [convert_task(d) for d in expand_task_dirs([ROOT / "tasks"])]
+    """The prompt rows of the bundled tasks (BUNDLED_TASKS/*) that carry a reference solution."""
+    rows = [convert_task(d) for d in expand_task_dirs([BUNDLED_TASKS])]
     rows = [r for r in rows if r["metadata"]["harbor"]["solve_sh"]]
     if not rows:
-        raise SystemExit(f"rollout_bench: no task under {ROOT / 'tasks'} has solution/solve.sh")
+        raise SystemExit(f"rollout_bench: no task under {BUNDLED_TASKS} has solution/solve.sh")
     return rows
 
 
@@ -192,52 +187,46 @@ def policy_server(replies: Path) -> Iterator[int]:
             proc.wait(10)
 
 
-# ---------------------------------------------------------------- stamping the worker
+# ---------------------------------------------------------------- the worker's spans
 
 @dataclass
 class Stamps:
-    """One attempt's moments (time.monotonic, as run_attempt's own timings) and measured parts, in seconds."""
-    claim0: float
-    claim1: float
+    """One attempt's spans (start, end in time.monotonic, as PoolWorker.on_span hears them) and the
+    machine's CPU counters at its claim and at its commit."""
     cpu0: tuple[int, int]
-    run0: float = 0.0
-    run1: float = 0.0
-    shard0: float = 0.0
-    shard1: float = 0.0
-    commit0: float = 0.0
-    commit1: float = 0.0
     cpu1: tuple[int, int] = (0, 0)
-    boot_waits: list[float] = field(default_factory=list)   # at the boot bound: booting, then grading
-    agent_wait: float = 0.0
-    stop_s: float = 0.0
-    timings: dict[str, float] = field(default_factory=dict)
-    reward: float | None = None
+    spans: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def start(self, name: str) -> float:
+        return self.spans[name][0]
+
+    def end(self, name: str) -> float:
+        return self.spans[name][1]
+
+    def seconds(self, name: str) -> float:
+        return self.end(name) - self.start(name)
 
     @property
     def wall(self) -> float:
-        return self.commit1 - self.claim0
+        return self.end("commit") - self.start("claim")
 
     @property
     def accounted(self) -> float:
-        return self.timings["boot_s"] + self.timings["agent_s"] + self.timings["grade_s"]
+        return self.seconds("boot") + self.seconds("agent") + self.seconds("grade")
 
     def shares(self) -> dict[str, float]:
         """Seconds of this attempt's wall in each of SHARES; they add up to the wall."""
-        boot_wait, grade_wait = self.boot_waits[0], sum(self.boot_waits[1:])
-        t = self.timings
-        return {"boot": t["boot_s"] - boot_wait, "queue": boot_wait + self.agent_wait + grade_wait,
-                "agent": t["agent_s"] - self.agent_wait, "grade": t["grade_s"] - grade_wait,
+        queue = {k: self.seconds(f"{k}_queue") for k in ("boot", "agent", "grade")}
+        return {"boot": self.seconds("boot") - queue["boot"], "queue": sum(queue.values()),
+                "agent": self.seconds("agent") - queue["agent"], "grade": self.seconds("grade") - queue["grade"],
                 "overhead": self.wall - self.accounted}
 
     def overhead(self) -> dict[str, float]:
         """Seconds of this attempt's overhead in each of OVERHEAD_PARTS; they add up to wall - accounted."""
-        return {"claim": self.claim1 - self.claim0, "dispatch": self.run0 - self.claim1,
-                "bookkeeping": self.run1 - self.run0 - self.accounted - self.stop_s, "teardown": self.stop_s,
-                "shard": self.shard1 - self.shard0, "commit": self.commit1 - self.commit0,
-                "handoff": (self.shard0 - self.run1) + (self.commit0 - self.shard1)}
-
-
-CURRENT: contextvars.ContextVar[Stamps] = contextvars.ContextVar("rollout_bench_attempt")
+        return {"claim": self.seconds("claim"), "dispatch": self.start("attempt") - self.end("claim"),
+                "bookkeeping": self.seconds("attempt") - self.accounted - self.seconds("teardown"),
+                "teardown": self.seconds("teardown"), "shard": self.seconds("shard"), "commit": self.seconds("commit"),
+                "handoff": (self.start("shard") - self.end("attempt")) + (self.start("commit") - self.end("shard"))}
 
 
 def cpu_times() -> tuple[int, int]:
@@ -247,58 +236,29 @@ def cpu_times() -> tuple[int, int]:
     return sum(ticks) - ticks[3] - ticks[4], sum(ticks)   # idle and iowait are not busy
 
 
-class TimedSemaphore:
-    """A concurrency bound that records how long each attempt waited at it."""
+class SpanLog:
+    """PoolWorker.on_span: each attempt's spans, by its claim. The claim's span is an attempt's first; the
+    claim's and the commit's are heard in the worker's threads, each of one attempt at a time."""
 
-    def __init__(self, inner: asyncio.Semaphore, kind: str):
-        self.inner, self.kind = inner, kind
+    def __init__(self) -> None:
+        self.attempts: dict[Claim, Stamps] = {}
 
-    async def __aenter__(self) -> None:
-        t0 = time.monotonic()
-        await self.inner.acquire()
-        s, waited = CURRENT.get(), time.monotonic() - t0
-        if self.kind == "boot":
-            s.boot_waits.append(waited)
-        else:
-            s.agent_wait += waited
-
-    async def __aexit__(self, *exc) -> None:
-        self.inner.release()
-
-
-class TimedLedger(Ledger):
-    """The run's ledger, stamping each claim (start, return) and each commit (start, return)."""
-
-    def __init__(self, root: Path):
-        super().__init__(root)
-        self.claimed: dict[Claim, Stamps] = {}
-
-    def claim(self, worker_id: str, lease_s: float = 60.0, rollout_id: int | None = None,
-              check=None) -> Claim | None:
-        cpu = cpu_times()
-        t0 = time.monotonic()
-        c = super().claim(worker_id, lease_s, rollout_id, check)
-        if c is not None:
-            self.claimed[c] = Stamps(t0, time.monotonic(), cpu)
-        return c
-
-    def commit(self, c: Claim, ref: str) -> bool:
-        s = CURRENT.get()
-        s.commit0 = time.monotonic()
-        try:
-            return super().commit(c, ref)
-        finally:
-            s.commit1 = time.monotonic()
-            s.cpu1 = cpu_times()
+    def __call__(self, claim: Claim, name: str, start: float, end: float) -> None:
+        if name == "claim":
+            self.attempts[claim] = Stamps(cpu_times())
+        stamps = self.attempts[claim]
+        stamps.spans[name] = (start, end)
+        if name == "commit":
+            stamps.cpu1 = cpu_times()
 
 
 class TimedWorker(PoolWorker):
-    """The pool worker as it is, stamping each attempt on the way (with `instrumented()` in force)."""
+    """The pool worker as it is, its spans logged, and the time its adapter waits on /generate summed."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.ledger = TimedLedger(self.run.ledger_dir)
-        self.stamps: list[Stamps] = []
+        self.span_log = SpanLog()
+        self.on_span = self.span_log
         self.generation_s = 0.0
         self.the_adapter: Adapter | None = None
 
@@ -316,59 +276,8 @@ class TimedWorker(PoolWorker):
         self.the_adapter = adapter
         return adapter
 
-    async def _attempt(self, ctx: PoolContext, claim: Claim) -> None:
-        if not isinstance(ctx.boot, TimedSemaphore):
-            ctx.boot, ctx.agents = TimedSemaphore(ctx.boot, "boot"), TimedSemaphore(ctx.agents, "agent")
-        s = self.ledger.claimed.pop(claim)
-        self.stamps.append(s)
-        CURRENT.set(s)          # this task's context: the attempt's task and threads inherit it
-        await super()._attempt(ctx, claim)
-
-
-@contextmanager
-def instrumented() -> Iterator[None]:
-    """Stamp run_attempt, write_shard and the sandbox's stop as the worker calls them."""
-    run_attempt, write_shard, stop = worker_module.run_attempt, worker_module.write_shard, BwrapSandbox.stop
-
-    async def timed_run_attempt(*args, **kwargs):
-        s = CURRENT.get()
-        s.run0 = time.monotonic()
-        outcome = await run_attempt(*args, **kwargs)
-        s.run1 = time.monotonic()
-        s.timings, s.reward = dict(outcome.timings), outcome.reward
-        return outcome
-
-    def timed_write_shard(*args, **kwargs):
-        s = CURRENT.get()
-        s.shard0 = time.monotonic()
-        try:
-            return write_shard(*args, **kwargs)
-        finally:
-            s.shard1 = time.monotonic()
-
-    async def timed_stop(self):
-        t0 = time.monotonic()
-        try:
-            await stop(self)
-        finally:
-            # The last stop is the agent's sandbox, after grading; an isolated grading's own sandbox
-            # stops earlier, inside grade_s, and must not count twice.
-            CURRENT.get().stop_s = time.monotonic() - t0
-
-    with ExitStack() as stack:
-        stack.enter_context(mock.patch.object(worker_module, "run_attempt", timed_run_attempt))
-        stack.enter_context(mock.patch.object(worker_module, "write_shard", timed_write_shard))
-        stack.enter_context(mock.patch.object(BwrapSandbox, "stop", timed_stop))
-        yield
-
 
 # ---------------------------------------------------------------- one batch
-
-def _pct(xs: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    xs = sorted(xs)
-    return xs[max(0, math.ceil(q * len(xs)) - 1)]
-
 
 async def run_batch(work: Path, model: Path, prompts: Path, tools: Path, port: int, groups: int,
                     concurrency: int, max_booting: int) -> tuple[TimedWorker, dict]:
@@ -398,12 +307,12 @@ async def run_batch(work: Path, model: Path, prompts: Path, tools: Path, port: i
 
     beat = asyncio.create_task(keep_registered())
     try:
-        with instrumented():
-            counts = await worker.serve(asyncio.Event(), max_attempts=groups * GROUP_SIZE)
+        counts = await worker.serve(asyncio.Event(), max_attempts=groups * GROUP_SIZE)
     finally:
         beat.cancel()
     unexpected = {k: v for k, v in counts.items() if k not in ("committed", "samples")}
-    rewards = [s.reward for s in worker.stamps]
+    rewards = [s.reward for samples in read_rollout(worker.ledger, run.buffer_dir, 0, SAMPLE_CODEC).values()
+               for s in samples]
     if unexpected or counts["committed"] != groups * GROUP_SIZE or any(r != 1.0 for r in rewards):
         raise SystemExit(f"rollout_bench: at concurrency {concurrency} the batch did not run clean: {dict(counts)}, "
                          f"rewards {rewards}; the figures would not measure scripted successes")
@@ -411,9 +320,9 @@ async def run_batch(work: Path, model: Path, prompts: Path, tools: Path, port: i
 
 
 def summarize(worker: TimedWorker, concurrency: int, max_booting: int) -> dict:
-    stamps = worker.stamps
-    first, last = min(stamps, key=lambda s: s.claim0), max(stamps, key=lambda s: s.commit1)
-    wall = last.commit1 - first.claim0
+    stamps = list(worker.span_log.attempts.values())
+    first, last = min(stamps, key=lambda s: s.start("claim")), max(stamps, key=lambda s: s.end("commit"))
+    wall = last.end("commit") - first.start("claim")
     busy, total = (b - a for a, b in zip(first.cpu0, last.cpu1, strict=True))
     walls = [s.wall for s in stamps]
     sum_wall = sum(walls)
@@ -424,7 +333,8 @@ def summarize(worker: TimedWorker, concurrency: int, max_booting: int) -> dict:
         "concurrency": concurrency, "max_agents": concurrency, "max_booting": max_booting, "attempts": n,
         "batch_wall_s": round(wall, 3), "rollouts_per_hour": round(n / wall * 3600, 1),
         "cpu_busy": round(busy / total, 3) if total else None,
-        "attempt_wall_p50_s": round(_pct(walls, 0.5), 3), "attempt_wall_p95_s": round(_pct(walls, 0.95), 3),
+        "attempt_wall_p50_s": round(percentile(walls, 0.5), 3),
+        "attempt_wall_p95_s": round(percentile(walls, 0.95), 3),
         "shares": {k: round(v / sum_wall, 4) for k, v in seconds.items()},
         "generation_share": round(worker.generation_s / sum_wall, 4),
         "adapter_share": round(sum(worker.the_adapter.overhead_s) / sum_wall, 4),
@@ -486,7 +396,7 @@ def report(levels: list[dict]) -> None:
               f"{r['overhead_share_without_queue']:>10.2%}{r['broad_overhead_share']:>7.1%}")
     print("\n(c) the overhead, mean ms per attempt: claim = ledger.claim; dispatch = claim returned .. run_attempt")
     print("    starts (task loading); bookkeeping = run_attempt less boot_s, agent_s, grade_s and teardown (scratch")
-    print("    dir, adapter session, samples); teardown = sandbox stop (untimed by run_attempt); shard = write_shard;")
+    print("    dir, adapter session, samples); teardown = sandbox stop (outside boot_s etc.); shard = write_shard;")
     print("    commit = ledger.commit; handoff = the rest (event loop <-> thread hand-offs)")
     print(f"{'concurrency':>11}" + "".join(f"{k:>12}" for k in OVERHEAD_PARTS) + f"{'total':>10}")
     for r in levels:

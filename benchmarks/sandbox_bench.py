@@ -19,7 +19,7 @@ capability drop or limits; exec by nsenter): ours / unhardened is what the harde
 ratio = figure / baseline everywhere (below 1 is faster for times, above 1 is better for cycles/s).
 The image is built once from the host's /usr (offline) and cached under --dir; needs root (overlay mounts).
 
-    python benchmarks/sandbox_bench.py [--dir DIR] [--rounds 20] [--concurrency 1,8,32] [--budget-s 300]
+    python -m benchmarks.sandbox_bench [--dir DIR] [--rounds 20] [--concurrency 1,8,32] [--budget-s 300]
                                        [--image-mb 300] [--quick] [--json]
 """
 
@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import concurrent.futures
 import json
-import math
 import os
 import shlex
 import shutil
@@ -41,10 +40,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from hpc.images.hostroot import build_host_rootfs  # noqa: E402
-from hpc.sandbox.base import (  # noqa: E402
+from benchmarks.common import percentile
+from hpc.images.hostroot import build_host_rootfs
+from hpc.sandbox.base import (
     AGENT_GID,
     AGENT_UID,
     ExecResult,
@@ -55,8 +53,8 @@ from hpc.sandbox.base import (  # noqa: E402
     run_process,
     sandbox_env,
 )
-from hpc.sandbox.bwrap import BwrapSandbox  # noqa: E402
-from hpc.sandbox.bwrap_args import bwrap_argv  # noqa: E402
+from hpc.sandbox.bwrap import BwrapSandbox
+from hpc.sandbox.bwrap_args import bwrap_argv
 
 TARGET_READY_P50_S = 0.3
 TARGET_SPEEDUP = 20.0          # the copy's p50 / ours: ratio <= 1 / 20
@@ -213,12 +211,6 @@ LABELS = {"overlay": "bwrap + overlay (ours)", "copy": "cp -a rootfs + bwrap", "
 
 # ---------------------------------------------------------------- measurements
 
-def _pct(xs: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    xs = sorted(xs)
-    return xs[max(0, math.ceil(q * len(xs)) - 1)]
-
-
 def _ratio(figure: float, baseline: float) -> float | None:
     return round(figure / baseline, 4) if baseline else None
 
@@ -248,8 +240,8 @@ async def measure_ready(image: str, scratch: str, rounds: int) -> dict:
     out = {}
     for k, ts in times.items():
         ready, stop = [t[0] for t in ts], [t[1] for t in ts]
-        out[k] = {"name": LABELS[k], "p50_s": round(_pct(ready, 0.5), 4), "p95_s": round(_pct(ready, 0.95), 4),
-                  "stop_p50_s": round(_pct(stop, 0.5), 4)}
+        out[k] = {"name": LABELS[k], "p50_s": round(percentile(ready, 0.5), 4),
+                  "p95_s": round(percentile(ready, 0.95), 4), "stop_p50_s": round(percentile(stop, 0.5), 4)}
     fig, base = out["overlay"], out["copy"]
     ratio_p50 = _ratio(fig["p50_s"], base["p50_s"])
     return {"rounds": rounds, "figure": fig, "baseline": base, "ratio_p50": ratio_p50,

@@ -39,7 +39,7 @@ ratio = figure / baseline throughout; for (b) and (c) above 1 is better. The mod
 are the tiny offline model's config and tokenizer at a larger size, built once under --dir; torch runs
 on 2 threads. --quick shrinks every part (a smoke run).
 
-    python benchmarks/train_bench.py [--parts a,b,c] [--dir DIR] [--rounds 5] [--steps 40] [--attempts 16]
+    python -m benchmarks.train_bench [--parts a,b,c] [--dir DIR] [--rounds 5] [--steps 40] [--attempts 16]
                                      [--seed 0] [--quick] [--json]
 """
 
@@ -59,9 +59,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from agentrl.train.schedule import _merge_lpt, _merge_two_smallest, _schedule  # noqa: E402
+from agentrl.train.schedule import _merge_lpt, _merge_two_smallest, _schedule
 
 PARTS = ("a", "b", "c")
 DP_SIZES = (2, 4, 8)
@@ -237,7 +235,7 @@ def synchronize(device) -> None:
 
 def rollout_samples(workload: Workload, vocab_size: int, seed: int) -> dict:
     """Each group's samples, deterministic in (seed, group, attempt)."""
-    from hpc.buffer import Sample
+    from agentrl.sample import Sample
 
     groups = {}
     for group in range(workload.groups):

@@ -5,22 +5,27 @@ claims at once, each renewed every lease_s / 3 while its work runs. A lease that
 attempt's next try was handed to another worker, or the generation was superseded) cancels the work
 at once: its result could no longer count, and the sandbox it holds is another worker's now. Work
 that raises fails its claim, so the ledger hands the attempt out again within max_tries.
+
+`on_claim(claim, start, end)`, if given, hears how long each claim that got one took (time.monotonic,
+in the thread that claimed: the claim itself, not the hand-off to the thread).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from .ledger import Claim, Ledger, StaleGeneration
 from .ledger_records import RolloutSpec
 
 log = logging.getLogger("hpc.claims")
 
-Work = Callable[[Claim], Awaitable[None]]
+Work = Callable[[Claim], Coroutine[Any, Any, None]]     # a coroutine: asyncio.create_task runs it
 
 
 @dataclass
@@ -33,6 +38,7 @@ class ClaimLoop:
     rollout_id: int | None = None                # only this rollout's attempts (eval); None: any open one
     check: Callable[[RolloutSpec], None] | None = None   # Ledger.claim's: raise to refuse a rollout
     counts: Counter = field(default_factory=Counter)     # "lease_lost", "work_errors"
+    on_claim: Callable[[Claim, float, float], None] | None = None   # (claim, start, end): timing, for benchmarks
 
     async def run(self, work: Work, *, stop: asyncio.Event | None = None, max_claims: int | None = None,
                   until_done: bool = False) -> None:
@@ -42,15 +48,19 @@ class ClaimLoop:
             raise ValueError("until_done needs rollout_id: which rollout must be done")
         stop = stop or asyncio.Event()
         slots = asyncio.Semaphore(self.slots)
-        running: set[asyncio.Task] = set()
+        running: set[asyncio.Task[None]] = set()
         started = 0
+
+        def finished(task: asyncio.Task[None]) -> None:
+            running.discard(task)
+            slots.release()
+
         try:
             while not stop.is_set() and (max_claims is None or started < max_claims):
                 if until_done and not running and await asyncio.to_thread(self._ended):
                     break
                 await slots.acquire()
-                claim = await asyncio.to_thread(self.ledger.claim, self.worker_id, self.lease_s, self.rollout_id,
-                                                self.check)
+                claim = await asyncio.to_thread(self._claim)
                 if claim is None:
                     slots.release()
                     try:
@@ -61,14 +71,22 @@ class ClaimLoop:
                 started += 1
                 task = asyncio.create_task(self._one(work, claim))
                 running.add(task)
-                task.add_done_callback(lambda t: (running.discard(t), slots.release()))
+                task.add_done_callback(finished)
             if running:
                 await asyncio.gather(*running, return_exceptions=True)
         finally:
             for t in running:
                 t.cancel()
 
+    def _claim(self) -> Claim | None:
+        start = time.monotonic()
+        claim = self.ledger.claim(self.worker_id, self.lease_s, self.rollout_id, self.check)
+        if claim is not None and self.on_claim is not None:
+            self.on_claim(claim, start, time.monotonic())
+        return claim
+
     def _ended(self) -> bool:
+        assert self.rollout_id is not None, "until_done needs rollout_id"    # checked by run()
         st = self.ledger.status(self.rollout_id)
         return st.committed + st.failed >= st.total
 
@@ -90,7 +108,7 @@ class ClaimLoop:
         finally:
             beat.cancel()
 
-    async def _renew(self, claim: Claim, job: asyncio.Task, lost: asyncio.Event) -> None:
+    async def _renew(self, claim: Claim, job: asyncio.Task[None], lost: asyncio.Event) -> None:
         while True:
             await asyncio.sleep(self.lease_s / 3)
             try:

@@ -17,7 +17,8 @@ or O_APPEND), so no two writers ever touch the same file and no lock is held.
         commits/<group>-<attempt>         the result (ref), never replaced
 
 The newest g<gen> of a rollout is its current generation; anything written
-under an older one is dropped. State logic lives in hpc.ledger_state.
+under an older one is dropped. State logic lives in hpc.ledger_state; reading the
+files in hpc.ledger_view (LedgerView, which Ledger extends with every write).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import random
 import re
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,16 +45,15 @@ from .ledger_records import (
     OpeningRecord,
     RolloutSpec,
 )
-from .ledger_state import Key, Observation, Spec, TryKey, claimable, needs_deadline, summarize
-from .records import create_record, parse_record, read_record, write_record
+from .ledger_state import TryKey, claimable
+from .ledger_view import LedgerError, LedgerView, RolloutStatus
+from .records import create_record, read_record, write_record
+
+__all__ = ["DEFAULT_MAX_TRIES", "Claim", "LeaseLost", "Ledger", "LedgerError", "LedgerView", "RolloutStatus",
+           "StaleGeneration"]
 
 DEFAULT_MAX_TRIES = 3
 _WORKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
-_GEN_DIR = re.compile(r"^g(\d+)$")
-
-
-class LedgerError(Exception):
-    """The ledger cannot be used as asked (bad input, unusable filesystem)."""
 
 
 class StaleGeneration(Exception):
@@ -77,44 +77,22 @@ class Claim:
     lease_s: float = 60.0
 
 
-@dataclass(frozen=True)
-class RolloutStatus:
-    rollout_id: int
-    generation: int
-    closed: bool
-    total: int
-    committed: int
-    claimed: int
-    pending: int
-    failed: int
-    complete_groups: list[int]
-
-
-def _parse_names(names: list[str], n: int) -> list[tuple[int, ...]]:
-    """Keys from record names like "3-0-1"; skips temp files (".name.tmp-...") and strangers."""
-    out = []
-    for name in names:
-        parts = name.split("-")
-        if len(parts) == n and name[0] != "." and all(p.isdigit() for p in parts):
-            out.append(tuple(map(int, parts)))
-    return out
-
-
 def _check_index(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise LedgerError(f"{name} must be a non-negative integer, got {value!r}")
     return value
 
 
-class Ledger:
-    """A rollout ledger rooted at `root` (RUN/ledger). Safe to use from many hosts at once."""
+class Ledger(LedgerView):
+    """A rollout ledger rooted at `root` (RUN/ledger). Safe to use from many hosts at once.
+
+    Its reads (status, commits, spec, closed, ...) are LedgerView's; every write is here.
+    """
 
     def __init__(self, root: Path | str, *, clock: Callable[[], float] = time.time,
                  seed: int | None = None):
-        self.root = Path(root).absolute()
-        self._clock = clock
+        super().__init__(root, clock=clock)
         self._rng = random.Random(seed)
-        self._specs: dict[Path, RolloutSpec] = {}
         self._candidates: dict[Path, list[TryKey]] = {}
         self._temp_dirs: dict[int, Path] = {}
         for sub in ("generations", "open", "rollouts", "tmp"):
@@ -144,31 +122,11 @@ class Ledger:
             self._temp_dirs[pid] = d
         return self._temp_dirs[pid]
 
-    def _rollout_dir(self, rollout_id: int) -> Path:
-        return self.root / "rollouts" / str(rollout_id)
-
-    def _gen_dir(self, rollout_id: int, generation: int) -> Path:
-        return self._rollout_dir(rollout_id) / f"g{generation}"
-
-    def current_generation(self, rollout_id: int) -> int | None:
-        try:
-            names = os.listdir(self._rollout_dir(rollout_id))
-        except FileNotFoundError:
-            return None
-        gens = [int(m.group(1)) for m in map(_GEN_DIR.match, names) if m]
-        return max(gens) if gens else None
-
     def _require_current(self, c: Claim) -> Path:
         if self.current_generation(c.rollout_id) != c.generation:
             raise StaleGeneration(
                 f"rollout {c.rollout_id} generation {c.generation} was superseded; drop this work")
         return self._gen_dir(c.rollout_id, c.generation)
-
-    def _spec(self, gen_dir: Path) -> RolloutSpec:
-        spec = self._specs.get(gen_dir)
-        if spec is None:
-            spec = self._specs[gen_dir] = read_record(gen_dir / "spec.json", RolloutSpec)
-        return spec
 
     # -- trainer side ----------------------------------------------------------
     def open_rollout(self, rollout_id: int, groups: Sequence[int], attempts: int,
@@ -246,14 +204,6 @@ class Ledger:
                 except FileNotFoundError:
                     pass
 
-    def _open_markers(self) -> list[tuple[int, int]]:
-        out = []
-        for name in os.listdir(self.root / "open"):
-            rid, _, gen = name.partition("-g")
-            if rid.isdigit() and gen.isdigit():
-                out.append((int(rid), int(gen)))
-        return out
-
     def close_rollout(self, rollout_id: int) -> ClosedRecord:
         """Stop handing out claims and fix the rollout's groups: those complete now.
 
@@ -266,22 +216,6 @@ class Ledger:
             closed = read_record(gen_dir / "closed", ClosedRecord)
         self._drop_open_markers(rollout_id, below=gen + 1)
         return closed
-
-    def closed(self, rollout_id: int) -> ClosedRecord | None:
-        """The close record of the rollout's current generation, None while it is open (one open(2))."""
-        _gen, gen_dir = self._current_dir(rollout_id)
-        try:
-            raw = (gen_dir / "closed").read_bytes()
-        except FileNotFoundError:
-            return None
-        return parse_record(gen_dir / "closed", raw, ClosedRecord)
-
-    def spec(self, rollout_id: int, generation: int) -> RolloutSpec:
-        """The spec (and payload) of one opening of a rollout."""
-        gen_dir = self._gen_dir(rollout_id, generation)
-        if not gen_dir.is_dir():
-            raise LedgerError(f"rollout {rollout_id} generation {generation} does not exist in {self.root}")
-        return self._spec(gen_dir)
 
     # -- worker side -------------------------------------------------------------
     def claim(self, worker_id: str, lease_s: float = 60.0, rollout_id: int | None = None,
@@ -339,33 +273,10 @@ class Ledger:
                 return Claim(spec.rollout_id, g, a, spec.generation, t, worker_id, lease_s)
         return None
 
-    def _observe(self, gen_dir: Path) -> Observation:
-        d = str(gen_dir)
-        commit_names = set(os.listdir(d + "/commits"))
-        # Claims of committed attempts decide nothing: drop them before parsing.
-        open_claims = [n for n in os.listdir(d + "/claims") if n.rpartition("-")[0] not in commit_names]
-        tries = _parse_names(open_claims, 3)
-        fails = _parse_names(os.listdir(d + "/fails"), 3)
-        commits = _parse_names(list(commit_names), 2)
-        obs = Observation.from_tries(tries, {}, fails, commits)
-        deadlines = {}
-        for key in obs.newest_try:
-            tk = needs_deadline(key, obs)
-            if tk is not None:
-                try:
-                    deadlines[tk] = os.stat(f"{d}/claims/{tk[0]}-{tk[1]}-{tk[2]}").st_mtime
-                except FileNotFoundError:
-                    pass  # released by a close: counts as ended
-        return Observation(obs.newest_try, deadlines, obs.fails, obs.commits)
-
     def _relist(self, gen_dir: Path, spec: RolloutSpec) -> list[TryKey]:
         cands = claimable(self._state_spec(spec), self._observe(gen_dir), self._clock())
         self._rng.shuffle(cands)
         return cands
-
-    @staticmethod
-    def _state_spec(spec: RolloutSpec) -> Spec:
-        return Spec(tuple(spec.groups), spec.attempts, spec.max_tries)
 
     def _attempt_path(self, c: Claim, sub: str, try_index: int | None = None) -> Path:
         gen_dir = self._gen_dir(c.rollout_id, c.generation)
@@ -414,36 +325,3 @@ class Ledger:
             rollout_id=c.rollout_id, generation=c.generation, group=c.group, attempt=c.attempt,
             try_index=c.try_index, worker_id=c.worker_id, reason=reason[:2000]), fsync=False,
             temp_dir=self._temp_dir())
-
-    # -- reading -------------------------------------------------------------------
-    def rollouts(self) -> list[int]:
-        return sorted(int(n) for n in os.listdir(self.root / "rollouts") if n.isdigit())
-
-    def _current_dir(self, rollout_id: int) -> tuple[int, Path]:
-        gen = self.current_generation(rollout_id)
-        if gen is None:
-            raise LedgerError(f"rollout {rollout_id} was never opened in {self.root}")
-        return gen, self._gen_dir(rollout_id, gen)
-
-    def status(self, rollout_id: int) -> RolloutStatus:
-        gen, gen_dir = self._current_dir(rollout_id)
-        spec = self._spec(gen_dir)
-        counts = summarize(self._state_spec(spec), self._observe(gen_dir), self._clock())
-        return RolloutStatus(rollout_id, gen, (gen_dir / "closed").exists(),
-                             len(spec.groups) * spec.attempts, counts.committed, counts.claimed,
-                             counts.pending, counts.failed, counts.complete_groups)
-
-    def failures(self, rollout_id: int) -> int:
-        """How many tries of the rollout's current generation failed (each retried, or the last one)."""
-        _gen, gen_dir = self._current_dir(rollout_id)
-        return len(_parse_names(os.listdir(gen_dir / "fails"), 3))
-
-    def commits(self, rollout_id: int, groups: Iterable[int] | None = None) -> dict[Key, CommitRecord]:
-        """The commit records of the rollout's current generation (optionally of some groups)."""
-        gen, gen_dir = self._current_dir(rollout_id)
-        wanted = None if groups is None else set(groups)
-        out = {}
-        for g, a in _parse_names(os.listdir(gen_dir / "commits"), 2):
-            if wanted is None or g in wanted:
-                out[(g, a)] = read_record(gen_dir / "commits" / f"{g}-{a}", CommitRecord)
-        return out

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.swe.harbor import BUNDLED_TASKS
+
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_DIR = Path(os.environ.get("AGENTRL_CLUSTER_DIR",
                                   Path.home() / ".local/state/agentrl/local-cluster"))
@@ -17,13 +19,26 @@ def pytest_sessionstart(session):
         pytest.exit("CI must run the sandbox tests: bubblewrap is not installed (make sysdeps)", returncode=1)
 
 
+# A test's tier (setup.cfg's markers): unit unless it is marked with another; one that needs the Slurm
+# cluster is a slurm test whether or not its module says so.
+TIERS = ("integration", "slurm", "e2e")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "slurm_conf" in item.fixturenames and not item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.slurm)
+        if not any(item.get_closest_marker(tier) for tier in TIERS):
+            item.add_marker(pytest.mark.unit)
+
+
 @pytest.fixture(scope="session")
 def bundled_prompts(tmp_path_factory) -> Path:
-    """The eight bundled tasks (tasks/) as prompt data, as `agentrl convert harbor` writes it."""
+    """The eight bundled tasks (BUNDLED_TASKS) as prompt data, as `agentrl convert harbor` writes it."""
     import sys
 
     path = tmp_path_factory.mktemp("data") / "prompts.jsonl"
-    subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(ROOT / "tasks"), "--out", str(path)],
+    subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(BUNDLED_TASKS), "--out", str(path)],
                    check=True, capture_output=True, cwd=ROOT)
     return path
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hpc.buffer import Sample, write_shard
+from agentrl.sample import SAMPLE_CODEC, Sample, SampleMetadata
+from hpc.buffer import write_shard
 from hpc.ledger import Ledger
 
 VOCAB = 4000
@@ -21,7 +22,7 @@ VOCAB = 4000
 def samples_for(rollout: int, group: int, attempt: int) -> list[Sample]:
     rng = np.random.default_rng([rollout, group, attempt])
     reward = float((attempt + group) % 2)
-    metadata = {"weight_version": 0, "empty_patch": "not_triggered", "drift": {"clean": 2}, "agent_s": 1.0}
+    metadata = SampleMetadata(weight_version=0, empty_patch="not_triggered", drift={"clean": 2}, agent_s=1.0)
     out = []
     for _ in range(2 if attempt == 1 else 1):
         prompt, response = int(rng.integers(8, 24)), int(rng.integers(4, 16))
@@ -55,7 +56,8 @@ class FakePool:
             if claim is None:
                 self._stop.wait(self.poll_s)
                 continue
-            ref = write_shard(self.run_dir / "buffer", claim, samples_for(claim.rollout_id, claim.group, claim.attempt))
+            ref = write_shard(self.run_dir / "buffer", claim, samples_for(claim.rollout_id, claim.group, claim.attempt),
+                              SAMPLE_CODEC)
             if ledger.commit(claim, ref):
                 self.committed.append((claim.rollout_id, claim.group, claim.attempt))
 

@@ -3,11 +3,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_adapter_benchmark_prints_figures_beside_the_whole_chat_baseline(tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/adapter_bench.py"), "--quick", "--rounds", "5",
+    r = subprocess.run([sys.executable, "-m", "benchmarks.adapter_bench", "--quick", "--rounds", "5",
                         "--dir", str(tmp_path), "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
@@ -22,6 +26,6 @@ def test_adapter_benchmark_prints_figures_beside_the_whole_chat_baseline(tmp_pat
 
 
 def test_adapter_benchmark_refuses_bad_arguments():
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/adapter_bench.py"), "--sessions", "0"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-m", "benchmarks.adapter_bench", "--sessions", "0"],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 2 and "at least 1" in r.stderr

@@ -16,6 +16,8 @@ from scripted_upstream import ScriptedUpstream, logprob
 from agentrl.adapter.serve import AdapterServer
 from agentrl.adapter.service import Adapter, AdapterConfig
 
+pytestmark = pytest.mark.integration
+
 pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,7 +54,7 @@ def run_session(tiny_model, tmp_path, steps, argv_env):
             key = adapter.sessions.open().key
             argv, env = argv_env(server.url, key, home)
             run = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=300)
-            result = adapter.sessions.finish(key)
+            result = adapter.sessions.finish(key).to_json()     # what finish_session replies
             sampled = [upstream.output_ids(s) for s in steps]
             calls = len(upstream.requests)
     return result, sampled, run, calls, work

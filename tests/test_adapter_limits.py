@@ -22,6 +22,8 @@ import pytest
 from scripted_upstream import ScriptedUpstream
 from test_adapter_app import CTL, STEPS, make, open_session
 
+pytestmark = pytest.mark.integration
+
 pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]

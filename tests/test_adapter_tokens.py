@@ -53,7 +53,8 @@ def test_the_tiny_tokenizer_is_vouched_for(tok):
     assert PrefixTokenizer(tok).unsafe_reason is None
 
 
-TEXTS = st.lists(st.sampled_from(PIECES) | st.characters(), max_size=12).map("".join)
+# No lone surrogates (category Cs): they are not text, and the tokenizer refuses them with a TypeError.
+TEXTS = st.lists(st.sampled_from(PIECES) | st.characters(exclude_categories=("Cs",)), max_size=12).map("".join)
 
 
 @settings(max_examples=300, deadline=None)

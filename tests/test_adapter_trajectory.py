@@ -5,7 +5,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from agentrl.adapter.trajectory import Drift, Sample, TrajectoryTree, Turn
+from agentrl.adapter.trajectory import Chain, Drift, TrajectoryTree, Turn
 
 SYSTEM = [1, 2, 3]
 
@@ -22,7 +22,7 @@ def held(t: Turn) -> list[int]:
     return [*t.prompt_ids.tolist(), *t.output_ids.tolist()]
 
 
-def trained(sample: Sample) -> list[tuple[int, int, float]]:
+def trained(sample: Chain) -> list[tuple[int, int, float]]:
     """(position in tokens, token, logprob) of each mask-1 token."""
     return [(sample.prompt_length + i, sample.tokens[sample.prompt_length + i], lp)
             for i, (m, lp) in enumerate(zip(sample.loss_mask, sample.rollout_log_probs, strict=True)) if m]

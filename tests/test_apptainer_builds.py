@@ -68,8 +68,8 @@ if "--sandbox" not in flags:
         t.add(root, arcname=".")
 '''
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0,
-                                reason="needs bubblewrap (make sysdeps) and root (the stand-in's chroot, overlays)")
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0,
+                                reason="needs bubblewrap (make sysdeps) and root (the stand-in's chroot, overlays)")]
 
 
 @pytest.fixture(scope="module")

@@ -66,6 +66,7 @@ def test_work_that_raises_fails_its_claim_and_until_done_ends_when_every_attempt
         asyncio.run(ClaimLoop(ledger, "w", 30, 0.05, 1).run(work, until_done=True))
 
 
+@pytest.mark.integration
 def test_an_eval_attempt_whose_lease_is_lost_is_cancelled(tmp_path, monkeypatch):
     """The eval used to keep running an attempt another evaluator had taken over."""
     from types import SimpleNamespace

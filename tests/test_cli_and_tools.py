@@ -40,22 +40,43 @@ def test_ledger_status_of_a_run(tmp_path, capsys):
     assert "holds no ledger" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_benchmark_prints_its_figures_as_json_last(tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/ledger_bench.py"), "--procs", "1,2",
+    r = subprocess.run([sys.executable, "-m", "benchmarks.ledger_bench", "--procs", "1,2",
                         "--pairs", "64", "--dir", str(tmp_path), "--json"],
-                       capture_output=True, text=True, timeout=120, check=True)
+                       capture_output=True, text=True, timeout=120, check=True, cwd=ROOT)
     figures = json.loads(r.stdout.strip().splitlines()[-1])
     assert [row["procs"] for row in figures["results"]] == [1, 2]
     for row in figures["results"]:
         assert row["pairs"] >= 64 and row["pairs_per_s"] > 0 and row["floor_ops_per_s"] > 0
         assert row["ratio_to_floor"] == pytest.approx(row["pairs_per_s"] / row["floor_ops_per_s"], rel=0.01)
-    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks/ledger_bench.py"), "--procs", "0"],
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run([sys.executable, "-m", "benchmarks.ledger_bench", "--procs", "0"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert bad.returncode == 2 and "--procs must be positive integers" in bad.stderr
+
+
+def test_the_benchmarks_percentile_is_numpys_default():
+    import importlib.util
+
+    import numpy as np
+
+    spec = importlib.util.spec_from_file_location("benchmarks_common", ROOT / "benchmarks" / "common.py")
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 3, 10, 101):
+        xs = rng.exponential(size=n).tolist()
+        for q in (0, 0.01, 0.5, 0.95, 0.99, 1):
+            assert common.percentile(xs, q) == pytest.approx(float(np.quantile(xs, q)), rel=1e-12)
+    assert common.percentile([4, 1, 3, 2], 0.5) == 2.5          # the median, not an element
+    for bad in ([], [1.0]):
+        with pytest.raises(ValueError):
+            common.percentile(bad, 1.5 if bad else 0.5)
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
                     reason="needs root and setpriv to run the script as an unprivileged user")
+@pytest.mark.integration
 def test_sysdeps_off_root_names_what_is_missing_and_never_runs_apt():
     # Outside pytest's tmp_path, which is private to root.
     work = Path(tempfile.mkdtemp(prefix="sysdeps-"))
@@ -80,6 +101,7 @@ def test_sysdeps_off_root_names_what_is_missing_and_never_runs_apt():
         shutil.rmtree(work)
 
 
+@pytest.mark.integration
 def test_ci_without_bubblewrap_fails_instead_of_skipping_the_sandbox_tests(tmp_path):
     bare = tmp_path / "bin"           # a PATH with no bwrap on it
     bare.mkdir()

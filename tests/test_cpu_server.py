@@ -10,13 +10,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
 from scripted_upstream import ScriptedUpstream
+from waiting import wait_until
 
 from agentrl.adapter.upstream import parse_generation
 from hpc.inference.cpu_server import Engine, ServerThread
@@ -32,6 +32,8 @@ from hpc.inference.generation import (
 )
 from hpc.registry import Registry
 from hpc.runlayout import RunLayout
+
+pytestmark = pytest.mark.integration
 
 pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 
@@ -244,12 +246,9 @@ def test_a_request_sent_while_paused_waits_for_continue(server):
     assert httpx.post(f"{server.url}/pause_generation", json={"mode": "later"}).status_code == 400
 
 
-def wait_until_busy(url, timeout_s=10):
+def wait_until_busy(url):
     """Until a request is in flight: /flush_cache refuses then, as SGLang's does."""
-    deadline = time.monotonic() + timeout_s
-    while httpx.post(f"{url}/flush_cache").status_code != 400:
-        assert time.monotonic() < deadline, "no request got in flight"
-        time.sleep(0.01)
+    wait_until(lambda: httpx.post(f"{url}/flush_cache").status_code == 400, 10, "a request in flight", poll_s=0.01)
 
 
 def test_pause_with_abort_ends_requests_in_flight(server):
@@ -359,8 +358,7 @@ def test_the_command_registers_heartbeats_and_stops_on_sigterm(tiny_model, tmp_p
         assert (record.index, record.host, record.weight_version) == (2, "127.0.0.1", 3)
         assert url == f"http://127.0.0.1:{record.port}"
         assert generate(url, max_new_tokens=3, temperature=0)["meta_info"]["weight_version"] == "3"
-        time.sleep(0.6)
-        assert registry.services("inference")[0].heartbeat > record.heartbeat
+        wait_until(lambda: registry.services("inference")[0].heartbeat > record.heartbeat, 10, "a second heartbeat")
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=20)
     finally:

@@ -15,13 +15,15 @@ from pathlib import Path
 import pytest
 from proc_table import named
 
+from agentrl.swe.harbor import BUNDLED_TASKS
 from hpc.runlayout import RunLayout
 from hpc.sandbox.supervisor import FORK_SERVER_NAME, SUPERVISOR_NAME
 
 pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (make sysdeps)")
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (make sysdeps)")]
 
 
 @pytest.fixture
@@ -32,7 +34,7 @@ def demo_config(tiny_model, tmp_path) -> Path:
     assets = tmp_path / ".cache/demo"
     assets.mkdir(parents=True)
     (assets / "tiny-model").symlink_to(tiny_model)
-    subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(ROOT / "tasks"), "--out",
+    subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(BUNDLED_TASKS), "--out",
                     str(assets / "prompts.jsonl")], check=True, capture_output=True, cwd=ROOT)
     return tmp_path / "configs/tiny-local.yaml"
 

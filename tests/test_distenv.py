@@ -197,6 +197,7 @@ def mpirun() -> str:
     return shutil.which("mpirun")
 
 
+@pytest.mark.integration
 def test_allreduce_under_mpirun(mpirun):
     # Open MPI refuses to start as root (CI containers) without both variables.
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}

@@ -19,10 +19,14 @@ import numpy as np
 import pytest
 import yaml
 
+from agentrl.sample import SAMPLE_CODEC
+from agentrl.swe.harbor import BUNDLED_TASKS
 from hpc.buffer import read_rollout
 from hpc.launch.state import final_state as state_of
 from hpc.ledger import Ledger
 from hpc.runlayout import RunLayout
+
+pytestmark = pytest.mark.e2e
 
 pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 
@@ -51,7 +55,7 @@ def test_three_training_steps_with_claude_code_on_slurm(slurm_env, tiny_model, t
             pytest.fail(problem)
         pytest.skip(problem)
     prompts = tmp_path / "prompts.jsonl"
-    subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(ROOT / "tasks/roman-subtractive"),
+    subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(BUNDLED_TASKS / "roman-subtractive"),
                     "--out", str(prompts)], check=True, capture_output=True, cwd=ROOT)
     config = {
         "launch": {"name": "e2e-claude", "time_limit_min": 30,
@@ -91,9 +95,9 @@ def test_three_training_steps_with_claude_code_on_slurm(slurm_env, tiny_model, t
     sampled = {tuple(json.loads(line)) for line in (run_dir / "logs/sampled.jsonl").read_text().splitlines()}
     ledger, rewards = Ledger(run.ledger_dir), []
     for r_ in range(3):
-        for samples in read_rollout(ledger, run.buffer_dir, r_).values():
+        for samples in read_rollout(ledger, run.buffer_dir, r_, SAMPLE_CODEC).values():
             for s in samples:
-                assert s.metadata["harness"] == "claude_code" and s.metadata["exit_code"] == 0, s.metadata
+                assert s.metadata.harness == "claude_code" and s.metadata.exit_code == 0, s.metadata
                 response = s.tokens[len(s.tokens) - s.response_length:]
                 trained = spans(s.loss_mask, response)
                 # the shell call's tokens, then the answer's: exactly what the model sampled, nothing else

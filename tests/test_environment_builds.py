@@ -18,21 +18,21 @@ from pathlib import Path
 
 import httpx
 import pytest
-from oci_builder import dir_entries, write_oci_layout
 
 from agentrl.swe.environments import environment_builds
-from agentrl.swe.harbor import convert_task
+from agentrl.swe.harbor import BUNDLED_TASKS, convert_task
 from hpc.images.cache import ImageCache
 from hpc.images.hostroot import build_host_rootfs
+from hpc.images.oci_writer import dir_entries, write_oci_layout
 from hpc.launch.distenv import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = "swebench/sweb.eval.x86_64.demo__demo-1:latest"
 TOOLS = ("docker-registry", "buildah", "skopeo", "bwrap")
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(
     any(shutil.which(t) is None for t in TOOLS) or os.geteuid() != 0,
     reason=f"needs {', '.join(TOOLS)} (make sysdeps installs them) and root (buildah's chroot isolation, "
-           "bwrap's overlay mounts)")
+           "bwrap's overlay mounts)")]
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,7 @@ USER 1000
 def harbor_task(dest: Path, dockerfile: str) -> Path:
     """roman-subtractive with its repository in an image built from a Dockerfile, and a grader that
     fails unless the image's ENV reached it."""
-    shutil.copytree(ROOT / "tasks" / "roman-subtractive", dest)
+    shutil.copytree(BUNDLED_TASKS / "roman-subtractive", dest)
     toml = dest / "task.toml"
     toml.write_text(toml.read_text().replace('docker_image = "host"\nworkdir = "/testbed"\n', ""))
     (dest / "environment" / "Dockerfile").write_text(dockerfile)

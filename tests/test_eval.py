@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agentrl.swe.harbor import BUNDLED_TASKS
 from agentrl.train.checkpoint import TrainerState
 from hpc.ledger import Ledger
 from hpc.records import write_record
@@ -20,15 +21,16 @@ from hpc.runlayout import RunLayout
 pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (make sysdeps)")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (make sysdeps)")]
 
 
 @pytest.fixture
 def setup(tiny_model, tmp_path):
     """A run with an eval section: two bundled tasks, the builtin agent, short generations."""
     data = tmp_path / "eval.jsonl"
-    subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(ROOT / "tasks/roman-subtractive"),
-                    str(ROOT / "tasks/csv-quote-escaping"), "--out", str(data)], check=True, capture_output=True,
+    subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(BUNDLED_TASKS / "roman-subtractive"),
+                    str(BUNDLED_TASKS / "csv-quote-escaping"), "--out", str(data)], check=True, capture_output=True,
                    cwd=ROOT)
     config = {"eval": {"tasks": str(data), "n_samples": 2, "temperature": 1.0, "seed": 5,
                        "pool": {"harness": "builtin", "max_agents": 2, "max_booting": 2, "max_new_tokens": 24,

@@ -227,6 +227,7 @@ def test_cli_convert_harbor(tmp_path, capsys):
     assert e.value.code == 0 and "--on-error" in capsys.readouterr().out
 
 
+@pytest.mark.integration
 def test_tool_script_gives_the_same_bytes_as_the_cli(tmp_path):
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     assert main(["convert", "harbor", str(BUNDLED_TASKS), "--out", str(a)]) == 0

@@ -27,8 +27,10 @@ from agentrl.harness import (
 )
 from agentrl.harness.builtin_agent import BASH_TOOL
 from agentrl.harness.codebuddy import CodeBuddy
-from agentrl.harness.install import clis_ready, pinned_versions
+from agentrl.harness.install import PINNED_CLIS, clis_ready
 from agentrl.harness.stream_json import read_stream_json
+
+pytestmark = pytest.mark.integration
 
 pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 
@@ -282,7 +284,7 @@ def test_installing_codebuddy_without_npm_says_what_is_missing(tmp_path, monkeyp
 def cli_install_source() -> Path:
     source = ROOT / ".agent-clis"
     if not clis_ready(source):
-        problem = f"{source} does not hold the pinned CLIs {pinned_versions()}: run `make clis`"
+        problem = f"{source} does not hold the pinned CLIs {PINNED_CLIS}: run `make clis`"
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the agent CLI tests: {problem}")
         pytest.skip(problem)

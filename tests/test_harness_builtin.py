@@ -20,6 +20,8 @@ from agentrl.adapter.service import Adapter, AdapterConfig
 from agentrl.harness import HarnessRun, get_harness
 from agentrl.harness import builtin_agent as agent
 
+pytestmark = pytest.mark.integration
+
 pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 
 BUILTIN = get_harness("builtin")
@@ -61,7 +63,7 @@ def test_the_agent_fixes_a_file_through_the_adapter_as_one_exact_sample(tiny_mod
         with AdapterServer(adapter) as server:
             key = adapter.sessions.open().key
             proc = run_builtin(tools_dir, work, server.url, key)
-            result = adapter.sessions.finish(key)
+            result = adapter.sessions.finish(key).to_json()     # what finish_session replies
             sampled = [upstream.output_ids(s) for s in steps]
             second_prompt = upstream.tokenizer.decode(upstream.requests[1]["input_ids"])
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-from oci_builder import E, dir_entries, write_docker_archive, write_oci_layout, write_tar_of_dir
 
 from hpc.images import build as build_mod
 from hpc.images.array import JobOutcome, array_script, watch, write_outcome
@@ -30,6 +29,7 @@ from hpc.images.build import (
 from hpc.images.cache import ImageCache
 from hpc.images.extract import extract_image, extract_layer
 from hpc.images.oci import ImageError, open_image
+from hpc.images.oci_writer import E, dir_entries, write_docker_archive, write_oci_layout, write_tar_of_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -379,6 +379,7 @@ def _fake_tool(bin_dir: Path, name: str, body: str) -> None:
     (bin_dir / name).chmod(0o755)
 
 
+@pytest.mark.integration
 def test_sif_and_pull_run_the_tools_into_the_cache(layers, tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     # apptainer build [--fakeroot] OUT URI: write the arguments as the "image".
@@ -443,6 +444,7 @@ def test_watching_an_array_shows_progress_and_names_a_task_that_died_without_an_
     assert "ended without an outcome" in done[3].message and str(tmp_path / "3.out") in done[3].message
 
 
+@pytest.mark.integration
 def test_the_module_builds_and_prints_the_paths(layers, tmp_path):
     src = _source("docker-archive", layers, tmp_path)
     cache = ["--cache", str(tmp_path / "cache")]

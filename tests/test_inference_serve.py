@@ -13,9 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from waiting import wait_until
 
-from agentrl import serve_cli
 from agentrl.adapter.upstream import parse_generation, sglang_payload
+from agentrl.cli import main as agentrl_main
 from hpc.inference.serve import (
     CpuServe,
     InferenceConfigError,
@@ -29,6 +30,8 @@ from hpc.inference.serve import (
 from hpc.launch.distenv import free_port
 from hpc.registry import Registry
 from hpc.runlayout import RunLayout
+
+pytestmark = pytest.mark.integration
 
 pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 
@@ -96,17 +99,17 @@ def test_gpus_for_tp_times_dp():
 def test_the_command_refuses_what_it_cannot_serve(tmp_path, monkeypatch, capsys):
     for name in ("AGENTRL_RUN_DIR", "AGENTRL_TASK_INDEX", "CUDA_VISIBLE_DEVICES"):
         monkeypatch.delenv(name, raising=False)
-    assert serve_cli.main([]) == 2
-    assert "no run directory: pass --run-dir" in capsys.readouterr().err
+    assert agentrl_main(["serve"]) == 2
+    assert "no run directory: give --run-dir" in capsys.readouterr().err
 
     monkeypatch.setenv("AGENTRL_RUN_DIR", str(RunLayout.create(tmp_path / "plain", config={"pool": {}}).root))
-    assert serve_cli.main([]) == 2
+    assert agentrl_main(["serve"]) == 2
     assert f"{tmp_path / 'plain' / 'run.yaml'}: has no `inference:` section" in capsys.readouterr().err
 
     config = tmp_path / "serve.yaml"
     config.write_text(yaml.safe_dump({"inference": {"engine": "sglang", "model": "/m", "tp": 2, "dp": 2}}))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    assert serve_cli.main(["--config", str(config), "--run-dir", str(tmp_path / "new")]) == 2
+    assert agentrl_main(["serve", "--config", str(config), "--run-dir", str(tmp_path / "new")]) == 2
     assert "inference: tp 2 x dp 2 needs 4 GPUs, this task has 1" in capsys.readouterr().err
     assert RunLayout.open(tmp_path / "new").manifest().config["inference"]["tp"] == 2   # created from the file
 
@@ -118,7 +121,7 @@ def start_role(run: RunLayout, index: int, **env: str) -> subprocess.Popen:
     environ = {**os.environ, "AGENTRL_RUN_DIR": str(run.root), "AGENTRL_ROLE": "inference",
                "AGENTRL_TASK_INDEX": str(index), "PYTHONPATH": os.pathsep.join([str(FAKE_SGLANG), str(ROOT)]), **env}
     environ.pop("CUDA_VISIBLE_DEVICES", None)
-    return subprocess.Popen([sys.executable, "-m", "agentrl.serve_cli"], cwd=ROOT, env=environ,
+    return subprocess.Popen([sys.executable, "-m", "agentrl.cli", "serve"], cwd=ROOT, env=environ,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -148,8 +151,7 @@ def test_serve_registers_answers_and_stops_on_sigterm(engine, tiny_model, tmp_pa
         url = f"http://127.0.0.1:{record.port}"
         reply = httpx.post(f"{url}/generate", json=sglang_payload([5, 6, 7], {"max_new_tokens": 3}), timeout=60)
         assert len(parse_generation(reply.json()).output_ids) == 3
-        time.sleep(0.5)
-        assert registry.services("inference")[0].heartbeat > record.heartbeat
+        wait_until(lambda: registry.services("inference")[0].heartbeat > record.heartbeat, 10, "a second heartbeat")
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
     finally:

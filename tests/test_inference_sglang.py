@@ -17,13 +17,16 @@ from pathlib import Path
 import httpx
 import pytest
 from pydantic import ValidationError
+from waiting import wait_until
 
 from agentrl.adapter.upstream import parse_generation, sglang_payload
 from agentrl.train.publish import publish_weights
 from hpc.inference.sglang import (
     ServerError,
     ServerProcess,
+    SGLangClient,
     SGLangConfig,
+    SGLangError,
     launch_command,
     wait_healthy,
 )
@@ -32,6 +35,8 @@ from hpc.procs import group_alive
 from hpc.registry import Registry
 from hpc.runlayout import RunLayout
 from hpc.validation import problems
+
+pytestmark = pytest.mark.integration
 
 pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 
@@ -45,15 +50,6 @@ SGLANG_IMAGE = os.environ.get("AGENTRL_SGLANG_IMAGE")    # containers/sglang.def
 def fake_env(**extra: str) -> dict[str, str]:
     """The environment in which `python -m sglang.launch_server` is the fake."""
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(FAKE_SGLANG), str(ROOT)]), **extra}
-
-
-def wait_for(predicate, timeout_s: float = 20.0, what: str = "the condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # -- the command ------------------------------------------------------------------------------------------------
@@ -152,7 +148,7 @@ def check_client_contract(cfg: SGLangConfig, env: dict[str, str], model: Path, r
         publish_weights([server.url], model, 7, timeout_s=300)
         assert parse_generation(httpx.post(f"{server.url}/generate", json=body, timeout=120).json()) \
             .weight_version == "7"
-        wait_for(lambda: registry.services("inference")[0].weight_version == 7, what="the heartbeat of version 7")
+        wait_until(lambda: registry.services("inference")[0].weight_version == 7, 20, "the heartbeat of version 7")
 
         server.request_stop()
         serving.join(10)
@@ -207,13 +203,35 @@ def test_no_heartbeat_while_the_server_does_not_answer(tmp_path):
     registry = Registry(tmp_path / "services")
     server = ServerProcess(["true"], port=30000, log_path=tmp_path / "log", registry=registry)
     server.record = record = registry.register("inference", 0, host="gpu1", port=30000, weight_version=3)
-    down = httpx.Client(base_url=server.url, transport=httpx.MockTransport(lambda r: httpx.Response(503)))
+    down = SGLangClient(server.url, transport=httpx.MockTransport(lambda r: httpx.Response(503)))
     assert not server.heartbeat(down)
     assert registry.services()[0].heartbeat == record.heartbeat
-    up = httpx.Client(base_url=server.url, transport=httpx.MockTransport(
+    up = SGLangClient(server.url, transport=httpx.MockTransport(
         lambda r: httpx.Response(200, json={"weight_version": "4"})))
     assert server.heartbeat(up)
     assert registry.services()[0].weight_version == 4
+
+
+def test_the_client_probes_quietly_and_its_control_calls_name_the_server():
+    asked: list[str] = []
+
+    def old_sglang(request: httpx.Request) -> httpx.Response:     # knows only /get_model_info
+        asked.append(request.url.path)
+        if request.url.path == "/get_model_info":
+            return httpx.Response(200, json={"weight_version": "7"})
+        return httpx.Response(404 if request.url.path == "/model_info" else 500, text="no")
+
+    client = SGLangClient("http://gpu1:30000/", transport=httpx.MockTransport(old_sglang))
+    assert client.model_info() == {"weight_version": "7"} and client.weight_version() == "7"
+    assert asked == ["/model_info", "/get_model_info"] * 2
+    assert not client.healthy()
+    with pytest.raises(SGLangError, match=r"^http://gpu1:30000/pause_generation answered 500: no$"):
+        client.pause()
+    unreachable = SGLangClient("http://gpu1:30000", transport=httpx.MockTransport(
+        lambda r: (_ for _ in ()).throw(httpx.ConnectError("refused"))))
+    assert unreachable.model_info() is None and not unreachable.healthy()
+    with pytest.raises(SGLangError, match="http://gpu1:30000/model_info: ConnectError"):
+        unreachable.weight_version()
 
 
 # -- real SGLang ------------------------------------------------------------------------------------------------
@@ -238,7 +256,7 @@ def why_no_real_sglang() -> str | None:
 NO_REAL_SGLANG = why_no_real_sglang()
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.skipif(NO_REAL_SGLANG is not None, reason=NO_REAL_SGLANG or "")
 def test_real_sglang_keeps_the_client_contract(tiny_model, tmp_path):
     run = RunLayout.create(tmp_path / "run")

@@ -5,12 +5,14 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slurm
 def test_launch_benchmark_prints_figures_beside_bare_sbatch(slurm_env):
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/launch_bench.py"), "--repeat", "1",
+    r = subprocess.run([sys.executable, "-m", "benchmarks.launch_bench", "--repeat", "1",
                         "--executors", "local,sbatch", "--json"], capture_output=True, text=True, timeout=600,
                        env=slurm_env, cwd=ROOT)
     assert r.returncode == 0, r.stderr
@@ -22,6 +24,6 @@ def test_launch_benchmark_prints_figures_beside_bare_sbatch(slurm_env):
 
 
 def test_launch_benchmark_refuses_bad_arguments():
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/launch_bench.py"), "--executors", "ray"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-m", "benchmarks.launch_bench", "--executors", "ray"],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 2 and "unknown executor" in r.stderr

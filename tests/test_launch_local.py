@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from waiting import wait_until
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = [sys.executable, str(ROOT / "tests/roles/probe.py")]
@@ -34,16 +37,6 @@ def three_role_config(run_dir: Path, with_partitions: bool = True) -> dict:
     if with_partitions:
         launch["partitions"] = PARTITIONS
     return {"run_id": "probe-run", "run_dir": str(run_dir), "launch": launch}
-
-
-def wait_for(pred, timeout=60, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def probes(run: Path, prefix: str) -> list[dict]:
@@ -87,11 +80,11 @@ def local_run(tmp_path):
 
 def test_local_three_roles_placement_allreduce_restart_and_finish(local_run):
     run, proc = local_run
-    trainers = wait_for(lambda: len(probes(run, "trainer")) == 2 and probes(run, "trainer"), what="trainer ranks")
+    trainers = wait_until(lambda: len(probes(run, "trainer")) == 2 and probes(run, "trainer"), 60, "trainer ranks")
     assert sorted(t["rank"] for t in trainers) == [0, 1]
     assert all(t["world_size"] == 2 and t["allreduce"] == 3.0 for t in trainers)
-    inference = wait_for(lambda: probes(run, "inference"), what="inference")
-    pool = wait_for(lambda: len(probes(run, "pool")) == 2 and probes(run, "pool"), what="pool")
+    inference = wait_until(lambda: probes(run, "inference"), 60, "inference")
+    pool = wait_until(lambda: len(probes(run, "pool")) == 2 and probes(run, "pool"), 60, "pool")
     gpu_sets = [set(t["gpus"].split(",")) for t in trainers] + [set(inference[0]["gpus"].split(","))]
     assert [len(s) for s in gpu_sets] == [1, 1, 2]
     assert len(set.union(*gpu_sets)) == 4, f"GPU sets overlap: {gpu_sets}"
@@ -100,7 +93,7 @@ def test_local_three_roles_placement_allreduce_restart_and_finish(local_run):
     # kill -9 one pool task: it comes back, counted as a restart.
     victim = next(p for p in pool if p["index"] == 0)
     os.kill(victim["pid"], signal.SIGKILL)
-    wait_for(lambda: len(probes(run, "pool-0")) == 2, what="pool-0 restarted")
+    wait_until(lambda: len(probes(run, "pool-0")) == 2, 60, "pool-0 restarted")
     status = agentrl("status", str(run))
     assert status.returncode == 0 and "running" in status.stdout
     assert any(line.split()[:4] == ["pool-0", "running", "yes", "1"] for line in status.stdout.splitlines()), \
@@ -112,12 +105,12 @@ def test_local_three_roles_placement_allreduce_restart_and_finish(local_run):
     status = agentrl("status", str(run))
     assert "finished" in status.stdout
     pids = [p["pid"] for p in probes(run, "")]
-    assert wait_for(lambda: not alive_pids(pids), timeout=20, what="no process left") is True
+    assert wait_until(lambda: not alive_pids(pids), 20, "no process left") is True
 
 
 def test_local_trainer_failure_fails_the_run(local_run):
     run, proc = local_run
-    wait_for(lambda: len(probes(run, "trainer")) == 2, 120, "trainer ranks")
+    wait_until(lambda: len(probes(run, "trainer")) == 2, 120, "trainer ranks")
     (run / "probe" / "fail-1").write_text("")   # rank 0, stopped for it, must not hide it
     assert proc.wait(timeout=120) == 3, proc.stdout.read()
     out = agentrl("status", str(run)).stdout
@@ -126,13 +119,13 @@ def test_local_trainer_failure_fails_the_run(local_run):
 
 def test_local_stop_leaves_no_process_behind(local_run):
     run, proc = local_run
-    wait_for(lambda: len(probes(run, "pool")) == 2 and len(probes(run, "trainer")) == 2, what="all roles")
+    wait_until(lambda: len(probes(run, "pool")) == 2 and len(probes(run, "trainer")) == 2, 60, "all roles")
     r = agentrl("stop", str(run))
     assert r.returncode == 0 and "SIGTERM" in r.stdout
     assert proc.wait(timeout=60) == 143
     pids = [p["pid"] for p in probes(run, "")]
-    assert wait_for(lambda: not alive_pids(pids), timeout=20, what="no process left") is True
-    assert wait_for(lambda: not processes_mentioning(str(run)), timeout=20, what="no wrapper left") is True
+    assert wait_until(lambda: not alive_pids(pids), 20, "no process left") is True
+    assert wait_until(lambda: not processes_mentioning(str(run)), 20, "no wrapper left") is True
     assert "stopped" in agentrl("status", str(run)).stdout
 
 
@@ -150,12 +143,12 @@ def test_a_role_that_hangs_is_killed_at_its_liveness_bound_and_restarted(tmp_pat
     proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "launch", str(cfg), "--executor", "local"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        first, = wait_for(lambda: probes(run, "pool-0"), what="pool-0")
+        first, = wait_until(lambda: probes(run, "pool-0"), 60, "pool-0")
         time.sleep(3)                        # beating, it outlives its bound
         assert len(probes(run, "pool-0")) == 1
         os.kill(first["pid"], signal.SIGSTOP)
         t0 = time.monotonic()
-        wait_for(lambda: len(probes(run, "pool-0")) == 2, timeout=30, what="the hung pool-0 restarted")
+        wait_until(lambda: len(probes(run, "pool-0")) == 2, 30, "the hung pool-0 restarted")
         assert time.monotonic() - t0 < 10     # after about liveness_s, not at some far timeout
         assert not alive_pids([first["pid"]])
         log = (run / "logs/pool-0.log").read_text()

@@ -103,12 +103,14 @@ def test_ready_scripts_in_slurm_match_their_configs():
 
 @pytest.mark.skipif(not shutil.which("shellcheck") and not __import__("os").environ.get("CI"),
                     reason="shellcheck is not installed (make sysdeps installs it)")
+@pytest.mark.integration
 def test_scripts_pass_shellcheck(tmp_path):
-    scripts = [*ROOT.glob("slurm/*.sbatch"), ROOT / "slurm/local-cluster/cluster.sh", ROOT / "tools/sysdeps.sh"]
+    scripts = [*ROOT.glob("slurm/*.sbatch"), ROOT / "hpc/localcluster/cluster.sh", *ROOT.glob("tools/*.sh")]
     r = subprocess.run(["shellcheck", "-S", "warning", *map(str, scripts)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout
 
 
+@pytest.mark.integration
 def test_launch_dry_run_prints_the_script_and_submits_nothing(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"launch": {"roles": {"pool": role(partition="cpu")}, "partitions": PARTS}}))
@@ -140,6 +142,7 @@ def test_a_distributed_unit_ends_with_the_rank_that_failed_not_the_ranks_stopped
     assert unit_exit_code([], "trainer", 0, reported=137) == 137
 
 
+@pytest.mark.integration
 def test_an_sbatch_script_asks_the_records_how_a_distributed_unit_ended(tmp_path):
     from hpc.launch.state import write_task_record
     from hpc.runlayout import RunLayout

@@ -13,7 +13,7 @@ from test_launch_local import (
     probes,
     processes_mentioning,
     three_role_config,
-    wait_for,
+    wait_until,
 )
 
 pytestmark = pytest.mark.slurm
@@ -35,7 +35,7 @@ def wait_requeued_and_restarted(env, job: str) -> None:
     def started_again() -> bool:
         info = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True).stdout
         return "Restarts=1" in info and "JobState=RUNNING" in info
-    wait_for(started_again, 120, f"job {job} to be requeued and start again")
+    wait_until(started_again, 120, f"job {job} to be requeued and start again")
 
 
 def launch(env, tmp_path, executor, with_partitions=True):
@@ -49,12 +49,12 @@ def launch(env, tmp_path, executor, with_partitions=True):
 
 
 def check_placement(run):
-    trainers = wait_for(lambda: len(probes(run, "trainer")) == 2 and probes(run, "trainer"), 120,
+    trainers = wait_until(lambda: len(probes(run, "trainer")) == 2 and probes(run, "trainer"), 120,
                         "trainer ranks")
     assert sorted(t["rank"] for t in trainers) == [0, 1]
     assert all(t["world_size"] == 2 and t["allreduce"] == 3.0 and t["node"] == "gpu1" for t in trainers)
-    (inference,) = wait_for(lambda: probes(run, "inference"), 60, "inference")
-    pool = wait_for(lambda: len(probes(run, "pool")) == 2 and probes(run, "pool"), 60, "pool")
+    (inference,) = wait_until(lambda: probes(run, "inference"), 60, "inference")
+    pool = wait_until(lambda: len(probes(run, "pool")) == 2 and probes(run, "pool"), 60, "pool")
     assert inference["node"] == "gpu1" and sorted(p["node"] for p in pool) == ["cpu1", "cpu2"]
     gpu_sets = [set(t["gpus"].split(",")) for t in trainers] + [set(inference["gpus"].split(","))]
     assert [len(s) for s in gpu_sets] == [1, 1, 2] and len(set.union(*gpu_sets)) == 4, gpu_sets
@@ -71,14 +71,14 @@ def test_three_roles_run_restart_and_finish(slurm_env, tmp_path, executor):
         pool = check_placement(run)
         victim = next(p for p in pool if p["index"] == 1)
         os.kill(victim["pid"], signal.SIGKILL)
-        wait_for(lambda: len(probes(run, "pool-1")) == 2, 60, "pool-1 restarted")
+        wait_until(lambda: len(probes(run, "pool-1")) == 2, 60, "pool-1 restarted")
         (run / "probe" / "finish").write_text("")
-        wait_for(lambda: squeue_empty(slurm_env, jobs), 90, "jobs to end")
+        wait_until(lambda: squeue_empty(slurm_env, jobs), 90, "jobs to end")
         status = agentrl(slurm_env, "status", str(run)).stdout
         assert "run probe-run: finished" in status and "trainer exited with 0" in status, status
         pool1 = next(line for line in status.splitlines() if line.startswith("pool-1 "))
         assert pool1.split()[3] == "1", status  # one restart
-        assert wait_for(lambda: not processes_mentioning(str(run)), 30, "no process left") is True
+        assert wait_until(lambda: not processes_mentioning(str(run)), 30, "no process left") is True
     finally:
         subprocess.run(["scancel", *jobs.split(",")], env=slurm_env)
 
@@ -86,9 +86,9 @@ def test_three_roles_run_restart_and_finish(slurm_env, tmp_path, executor):
 def test_sbatch_trainer_failure_fails_the_run(slurm_env, tmp_path):
     run, jobs = launch(slurm_env, tmp_path, "sbatch")
     try:
-        wait_for(lambda: len(probes(run, "trainer")) == 2, 120, "trainer ranks")
+        wait_until(lambda: len(probes(run, "trainer")) == 2, 120, "trainer ranks")
         (run / "probe" / "fail-1").write_text("")   # rank 0, stopped for it, must not hide it
-        wait_for(lambda: squeue_empty(slurm_env, jobs), 90, "job to end")
+        wait_until(lambda: squeue_empty(slurm_env, jobs), 90, "job to end")
         status = agentrl(slurm_env, "status", str(run)).stdout
         assert "run probe-run: failed" in status and "trainer exited with 3" in status, status
     finally:
@@ -98,11 +98,11 @@ def test_sbatch_trainer_failure_fails_the_run(slurm_env, tmp_path):
 def test_submitit_stop_cancels_and_leaves_no_process(slurm_env, tmp_path):
     run, jobs = launch(slurm_env, tmp_path, "submitit")
     try:
-        wait_for(lambda: len(probes(run, "pool")) == 2 and len(probes(run, "trainer")) == 2, 120, "all roles")
+        wait_until(lambda: len(probes(run, "pool")) == 2 and len(probes(run, "trainer")) == 2, 120, "all roles")
         r = agentrl(slurm_env, "stop", str(run))
         assert r.returncode == 0 and "cancelled" in r.stdout, r.stderr
-        wait_for(lambda: squeue_empty(slurm_env, jobs), 90, "jobs to end")
-        assert wait_for(lambda: not processes_mentioning(str(run)), 30, "no process left") is True
+        wait_until(lambda: squeue_empty(slurm_env, jobs), 90, "jobs to end")
+        assert wait_until(lambda: not processes_mentioning(str(run)), 30, "no process left") is True
     finally:
         subprocess.run(["scancel", *jobs.split(",")], env=slurm_env)
 
@@ -115,18 +115,18 @@ def test_requeue_signal_checkpoints_and_the_run_resumes(slurm_env, tmp_path, exe
     run, jobs = launch(slurm_env, tmp_path, executor)
     trainer_job = jobs.split(",")[0]
     try:
-        first = wait_for(lambda: len(probes(run, "trainer")) == 2 and probes(run, "trainer"), 120, "trainer")
+        first = wait_until(lambda: len(probes(run, "trainer")) == 2 and probes(run, "trainer"), 120, "trainer")
         assert not any(t["resumed"] for t in first)
         subprocess.run(["scancel", scancel_scope, "--signal=USR2", trainer_job], env=slurm_env, check=True)
-        wait_for(lambda: len(list((run / "probe").glob("checkpoint-trainer-*"))) == 2, 60, "trainer checkpoints")
+        wait_until(lambda: len(list((run / "probe").glob("checkpoint-trainer-*"))) == 2, 60, "trainer checkpoints")
         wait_requeued_and_restarted(slurm_env, trainer_job)
-        resumed = wait_for(lambda: all(t.get("resumed") for t in probes(run, "trainer"))
+        resumed = wait_until(lambda: all(t.get("resumed") for t in probes(run, "trainer"))
                            and probes(run, "trainer"), 120, "trainer resumed")
         assert sorted(t["rank"] for t in resumed) == [0, 1] and all(t["allreduce"] == 3.0 for t in resumed)
         others = [*(run / "probe").glob("checkpoint-pool-*"), *(run / "probe").glob("checkpoint-inference-*")]
         assert not others, "only fail-run roles act on SIGUSR2"
         (run / "probe" / "finish").write_text("")
-        wait_for(lambda: squeue_empty(slurm_env, jobs), 90, "jobs to end")
+        wait_until(lambda: squeue_empty(slurm_env, jobs), 90, "jobs to end")
         status = agentrl(slurm_env, "status", str(run)).stdout
         assert "run probe-run: finished" in status, status
     finally:

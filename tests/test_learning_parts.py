@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from agentrl.eval.stats import paired_difference, pass_at_1
+from agentrl.sample import Sample
 from agentrl.train.batch import rollout_batch, shuffle_rewards
-from hpc.buffer import Sample
 
 
 def sample(group: int, attempt: int, reward: float) -> Sample:
     return Sample(tokens=np.arange(6, dtype=np.int32), response_length=3, loss_mask=np.ones(3, np.uint8),
                   rollout_log_probs=np.zeros(3, np.float32), reward=reward, status="completed",
-                  group_index=group, attempt=attempt, metadata={})
+                  group_index=group, attempt=attempt)
 
 
 def test_shuffled_rewards_stay_in_their_group_and_move_between_its_attempts():

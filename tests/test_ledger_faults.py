@@ -1,4 +1,9 @@
-"""Worker processes are kill -9'd at random points; the ledger's invariants must hold."""
+"""Worker processes are kill -9'd at random points; the ledger's invariants must hold.
+
+Every random choice (which worker dies when, each worker's claims and pauses) comes from one seed,
+printed with the test's output; AGENTRL_FAULT_SEED=N replays it (the kills still land where the
+scheduler puts them).
+"""
 
 import json
 import multiprocessing
@@ -9,16 +14,21 @@ import time
 from collections import Counter
 
 import numpy as np
+import pytest
 
-from hpc.buffer import Sample, read_rollout, read_shard, write_shard
+from agentrl.sample import SAMPLE_CODEC, Sample
+from hpc.buffer import read_rollout, read_shard, write_shard
 from hpc.ledger import Ledger, StaleGeneration
 
-GROUPS, ATTEMPTS, LEASE_S = 12, 4, 0.5
+pytestmark = pytest.mark.integration
+
+GROUPS, ATTEMPTS, LEASE_S = 24, 4, 0.5  # enough work that it outlasts at least 10 kills, whatever the seed
+SEED = int(os.environ.get("AGENTRL_FAULT_SEED") or random.SystemRandom().randrange(2**32))
 
 
-def worker(root: str, worker_id: str) -> None:
-    led = Ledger(f"{root}/ledger", seed=os.getpid())
-    rng = random.Random(os.getpid())
+def worker(root: str, worker_id: str, seed: str) -> None:
+    led = Ledger(f"{root}/ledger", seed=hash_seed(f"{seed}/ledger"))
+    rng = random.Random(f"{seed}/agent")
     log = open(f"{root}/log/{worker_id}.jsonl", "a", buffering=1)
     while True:
         c = led.claim(worker_id, lease_s=LEASE_S)
@@ -29,8 +39,8 @@ def worker(root: str, worker_id: str) -> None:
         n = 3 + c.attempt
         sample = Sample(tokens=np.arange(n + 2), response_length=n, loss_mask=np.ones(n),
                         rollout_log_probs=np.full(n, -0.5), reward=float(c.group), status="completed",
-                        group_index=c.group, attempt=c.attempt, metadata={"worker": worker_id})
-        ref = write_shard(f"{root}/buffer", c, [sample])
+                        group_index=c.group, attempt=c.attempt)
+        ref = write_shard(f"{root}/buffer", c, [sample], SAMPLE_CODEC)
         try:
             made = led.commit(c, ref)
         except StaleGeneration:
@@ -38,19 +48,24 @@ def worker(root: str, worker_id: str) -> None:
         log.write(json.dumps({"key": [c.group, c.attempt], "try": c.try_index, "made": made}) + "\n")
 
 
+def hash_seed(text: str) -> int:
+    return random.Random(text).randrange(2**32)
+
+
 def test_kill_9_at_random_points_keeps_every_invariant(tmp_path):
+    print(f"seed {SEED}: replay with AGENTRL_FAULT_SEED={SEED}")
     root = str(tmp_path)
     os.makedirs(f"{root}/log")
     led = Ledger(f"{root}/ledger")
     led.open_rollout(0, list(range(GROUPS)), ATTEMPTS, max_tries=1000)
     ctx = multiprocessing.get_context("fork")
-    rng = random.Random(1234)
+    rng = random.Random(f"{SEED}/killer")
     procs, serial, kills = {}, 0, 0
 
     def spawn():
         nonlocal serial
         serial += 1
-        p = ctx.Process(target=worker, args=(root, f"w{serial}"), daemon=True)
+        p = ctx.Process(target=worker, args=(root, f"w{serial}", f"{SEED}/w{serial}"), daemon=True)
         p.start()
         procs[p.pid] = p
 
@@ -89,9 +104,9 @@ def test_kill_9_at_random_points_keeps_every_invariant(tmp_path):
     commits = led.commits(0)
     assert sorted(commits) == [(g, a) for g in range(GROUPS) for a in range(ATTEMPTS)]
     for (g, a), rec in commits.items():
-        header, samples = read_shard(f"{root}/buffer/{rec.ref}")
+        header, samples = read_shard(f"{root}/buffer/{rec.ref}", SAMPLE_CODEC)
         assert (header["group"], header["attempt"], header["try_index"]) == (g, a, rec.try_index)
-    by_group = read_rollout(led, f"{root}/buffer", 0)
+    by_group = read_rollout(led, f"{root}/buffer", 0, SAMPLE_CODEC)
     assert {g: sorted(s.attempt for s in ss) for g, ss in by_group.items()} == \
         {g: list(range(ATTEMPTS)) for g in range(GROUPS)}
     assert all(s.reward == g for g, ss in by_group.items() for s in ss)

@@ -3,14 +3,12 @@
 import os
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slurm
+from hpc.localcluster import CLUSTER_SCRIPT as CLUSTER
 
-ROOT = Path(__file__).resolve().parents[1]
-CLUSTER = ROOT / "slurm" / "local-cluster" / "cluster.sh"
+pytestmark = pytest.mark.slurm
 
 
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}

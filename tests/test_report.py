@@ -204,6 +204,7 @@ def test_a_directory_that_is_not_a_run_exits_2(tmp_path, capsys):
     assert not (tmp_path / "report.md").exists()
 
 
+@pytest.mark.integration
 def test_the_command_runs_headless_and_leaves_the_run_untouched(run_dir, tmp_path):
     before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")}
     out = tmp_path / "elsewhere"

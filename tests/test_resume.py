@@ -13,9 +13,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from waiting import wait_until
 
 from hpc.ledger import Ledger
 from hpc.runlayout import RunLayout
+
+pytestmark = pytest.mark.integration
 
 pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 
@@ -50,13 +53,6 @@ def launch(config: Path, run_dir: Path, *extra: str, wait: bool = True, executor
     if not wait:
         return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
-
-
-def wait_until(predicate, timeout: float, what: str, poll_s: float = 0.5) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(poll_s)
 
 
 def checkpointed(run_dir: Path) -> int:

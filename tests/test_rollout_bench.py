@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "rollout_bench.py"
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = [sys.executable, "-m", "benchmarks.rollout_bench"]     # run from ROOT
 SHARES = ("boot", "queue", "agent", "grade", "overhead")
 OVERHEAD_PARTS = ("claim", "dispatch", "bookkeeping", "teardown", "shard", "commit", "handoff")
 
@@ -37,8 +40,8 @@ def short_dir():
 
 
 def test_quick_run_reports_rollouts_per_hour_and_the_overhead_beside_its_target(runnable, short_dir):
-    p = subprocess.run([sys.executable, str(BENCH), "--quick", "--json", "--dir", str(short_dir)],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run([*BENCH, "--quick", "--json", "--dir", str(short_dir)],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert p.returncode == 0, p.stdout + p.stderr
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["benchmark"] == "rollout" and out["quick"] is True and out["cpus"] >= 1
@@ -77,5 +80,5 @@ def test_quick_run_reports_rollouts_per_hour_and_the_overhead_beside_its_target(
     (["--max-booting", "0"], "--max-booting must be at least 1"),
 ])
 def test_bad_arguments_are_refused(args, message):
-    p = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=60)
+    p = subprocess.run([*BENCH, *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert p.returncode == 2 and message in p.stderr, p.stderr

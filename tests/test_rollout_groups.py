@@ -84,6 +84,7 @@ def test_a_rollout_opened_without_groups_or_with_a_bad_payload_is_refused_by_nam
         RolloutGroups.parse({"prompt_data_sha256": "x", "num_rows": 1, "temperature": 0, "groups": {}}, "rollout 0")
 
 
+@pytest.mark.integration
 def test_agentrl_pool_with_another_config_exits_2_before_claiming(tiny_model, prompts, tmp_path):
     rows = load_prompt_rows(prompts)
     other = tmp_path / "other.jsonl"

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from agentrl.rollout.metrics import pass_at_k, rollout_report
-from hpc.buffer import Sample
+from agentrl.sample import Sample, SampleMetadata
 
 
 def sample(group, attempt, reward, **metadata):
     return Sample(tokens=np.arange(10, dtype=np.int32), response_length=4, loss_mask=np.ones(4, np.uint8),
                   rollout_log_probs=np.zeros(4, np.float32), reward=reward, status="completed", group_index=group,
-                  attempt=attempt, metadata={"empty_patch": "not_triggered", **metadata})
+                  attempt=attempt, metadata=SampleMetadata(**{"empty_patch": "not_triggered", **metadata}))
 
 
 def test_pass_at_k_matches_the_combinatorial_definition():
@@ -47,8 +47,7 @@ def test_empty_patch_drift_and_timings_are_summed_over_attempts():
 
 
 def test_inputs_that_do_not_fit_are_logged_and_counted(caplog):
-    bad = [sample(0, 0, 1.0), sample(0, 0, 0.0), sample(1, 0, 1.0)]
-    bad[2].metadata.pop("empty_patch")
+    bad = [sample(0, 0, 1.0), sample(0, 0, 0.0), sample(1, 0, 1.0, empty_patch=None)]   # no label
     with caplog.at_level(logging.ERROR, logger="agentrl.metrics"):
         report = rollout_report(bad, ks=(1, 2))
     assert report["metric_input_errors"] == 4    # a reward mismatch, two groups short of 2 attempts, a label

@@ -17,17 +17,20 @@ from scripted_upstream import ScriptedUpstream, logprob
 from agentrl.prompts.groups import open_rollout
 from agentrl.prompts.source import PromptSource, load_prompt_rows
 from agentrl.rollout.config import load_pool_config
-from agentrl.rollout.worker import PoolWorker
+from agentrl.rollout.worker import SPANS, PoolWorker
+from agentrl.sample import SAMPLE_CODEC
+from agentrl.swe.harbor import BUNDLED_TASKS
 from agentrl.train.config import load_train_config
 from hpc.buffer import read_rollout
-from hpc.ledger import Ledger
+from hpc.ledger import Claim, Ledger
 from hpc.registry import Registry
 from hpc.runlayout import RunLayout
 
 pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (make sysdeps)")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (make sysdeps)")]
 
 FIX = ("python3 -c \"import pathlib; p = pathlib.Path('roman/convert.py'); "
        "p.write_text(p.read_text().replace('(10, \\\"X\\\"), (5, \\\"V\\\"), (1, \\\"I\\\"),', "
@@ -40,7 +43,7 @@ DONE = {"role": "assistant", "content": "Fixed the subtractive pairs.", "reasoni
 @pytest.fixture
 def run(tiny_model, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
-    subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(ROOT / "tasks/roman-subtractive"),
+    subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(BUNDLED_TASKS / "roman-subtractive"),
                     "--out", str(prompts)], check=True, capture_output=True, cwd=ROOT)
     return RunLayout.create(tmp_path / "run", config={
         "train": {"model": str(tiny_model), "prompt_data": str(prompts), "num_rollouts": 1, "rollout_batch_size": 1,
@@ -66,10 +69,12 @@ def test_a_pool_worker_runs_attempts_end_to_end(run, tiny_model):
         ledger = Ledger(run.ledger_dir)
         source = PromptSource(load_prompt_rows(train.prompt_data), rollout_batch_size=1)
         open_rollout(ledger, source, 0, attempts=2, temperature=train.rollout_temperature)
+        spans: list[tuple[Claim, str, float, float]] = []
 
         async def go():
             stop = asyncio.Event()
-            worker = PoolWorker(run, pool, train.model, train.prompt_data)
+            worker = PoolWorker(run, pool, train.model, train.prompt_data,
+                                on_span=lambda *span: spans.append(span))     # list.append: thread-safe
             serving = asyncio.create_task(worker.serve(stop))
             for _ in range(600):
                 if ledger.status(0).committed == 2 or serving.done():
@@ -79,18 +84,35 @@ def test_a_pool_worker_runs_attempts_end_to_end(run, tiny_model):
             return await serving
         counts = asyncio.run(go())
     assert counts["committed"] == 2 and not counts["infra_failures"] and not counts["errors"], counts
-    groups = read_rollout(ledger, run.buffer_dir, 0)
+    groups = read_rollout(ledger, run.buffer_dir, 0, SAMPLE_CODEC)
     samples = groups[0]
     assert sorted(s.attempt for s in samples) == [0, 1]
     sampled = [upstream.output_ids(CALL), upstream.output_ids(DONE)]
     for s in samples:
-        assert s.reward == 1.0 and s.metadata["harness"] == "builtin" and s.metadata["exit_code"] == 0
-        assert s.metadata["empty_patch"] == "not_triggered" and s.metadata["patch_bytes"] > 0
+        assert s.reward == 1.0 and s.metadata.harness == "builtin" and s.metadata.exit_code == 0
+        assert s.metadata.empty_patch == "not_triggered" and s.metadata.patch_bytes > 0
         response = s.tokens[len(s.tokens) - s.response_length:]
         trained = [(int(t), float(lp)) for t, m, lp in zip(response, s.loss_mask, s.rollout_log_probs, strict=True)
                    if m]
         assert trained == [(t, pytest.approx(logprob(i, t))) for ids in sampled for i, t in enumerate(ids)]
     assert not Registry(run.services_dir).services("pool")          # deregistered at the end
+
+    # Every attempt's spans, each once, in the order the worker goes through them
+    by_attempt: dict[int, dict[str, tuple[float, float]]] = {}
+    for claim, name, start, end in spans:
+        assert start <= end and name not in by_attempt.setdefault(claim.attempt, {}), (claim, name)
+        by_attempt[claim.attempt][name] = (start, end)
+    assert sorted(by_attempt) == [0, 1]
+    for s in samples:
+        got = by_attempt[s.attempt]
+        assert set(got) == set(SPANS), got
+        assert got["claim"][1] <= got["attempt"][0] <= got["boot"][0] == got["boot_queue"][0]
+        assert got["boot_queue"][1] <= got["boot"][1] <= got["agent"][0] == got["agent_queue"][0]
+        assert got["agent_queue"][1] <= got["agent"][1] <= got["grade"][0] == got["grade_queue"][0]
+        assert got["grade_queue"][1] <= got["grade"][1] <= got["teardown"][0] <= got["teardown"][1]
+        assert got["teardown"][1] <= got["attempt"][1] <= got["shard"][0] <= got["shard"][1] <= got["commit"][0]
+        for phase in ("boot", "agent", "grade"):       # the metadata's timings are these spans' lengths
+            assert s.metadata.timings()[f"{phase}_s"] == round(got[phase][1] - got[phase][0], 3)
 
 
 def test_a_record_that_is_not_a_task_fails_its_claim_and_not_the_worker():
@@ -115,6 +137,40 @@ def test_a_record_that_is_not_a_task_fails_its_claim_and_not_the_worker():
     assert worker.counts["bad_tasks"] == 1
     (got, reason), = failed
     assert got == claim and reason.startswith("task: ") and "workdir" in reason
+
+
+def test_a_shard_the_filesystem_refuses_fails_the_claim_named_and_not_the_worker(monkeypatch, tmp_path):
+    """An OSError from writing the shard (a full or read-only shared filesystem) is logged and counted, and
+    the claim fails with it, so another try can land; nothing is committed."""
+    from collections import Counter
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from agentrl.rollout import worker as worker_module
+    from agentrl.rollout.attempt import AttemptOutcome
+    from agentrl.sample import AttemptMetadata, Sample
+
+    sample = Sample(tokens=np.arange(6), response_length=3, loss_mask=np.ones(3), rollout_log_probs=np.zeros(3),
+                    reward=1.0, status="completed", group_index=3, attempt=1)
+
+    async def attempt_that_finished(*args, **kwargs):
+        return AttemptOutcome(samples=[sample], reward=1.0, metadata=AttemptMetadata())
+    monkeypatch.setattr(worker_module, "run_attempt", attempt_that_finished)
+    (tmp_path / "buffer").write_text("a file where the buffer directory should be")
+    failed, committed = [], []
+
+    async def fail(claim, reason):
+        failed.append((claim, reason))
+    worker = SimpleNamespace(task_for=lambda claim: None, groups_of=lambda claim: SimpleNamespace(temperature=1.0),
+                             cfg=SimpleNamespace(sampling=lambda temperature: {}), on_span=None, counts=Counter(),
+                             run=SimpleNamespace(buffer_dir=tmp_path / "buffer"), _fail=fail,
+                             ledger=SimpleNamespace(commit=lambda claim, ref: committed.append(ref)))
+    claim = Claim(rollout_id=0, group=3, attempt=1, generation=0)
+    asyncio.run(PoolWorker._attempt(worker, None, claim))
+    assert worker.counts["io_errors"] == 1 and not worker.counts["committed"] and committed == []
+    (got, reason), = failed
+    assert got == claim and reason.startswith("io: ") and "buffer" in reason
 
 
 def test_the_pool_samples_at_the_temperature_the_trainer_computes_log_probs_at(run, tmp_path):

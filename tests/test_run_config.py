@@ -34,6 +34,7 @@ def write(path: Path, data: dict) -> Path:
     return path
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("dry_run", [True, False])
 def test_launch_refuses_a_bad_eval_or_pool_section_before_anything_is_submitted(tmp_path, dry_run):
     never = [sys.executable, "-c", "open('STARTED', 'w')"]
@@ -85,6 +86,7 @@ def test_every_problem_of_every_section_is_reported_at_once(tiny_model, tmp_path
     assert any("cfg.yaml: pool.temperature 0.7 differs from train.rollout_temperature 1.0" in x for x in lines), lines
 
 
+@pytest.mark.integration
 def test_a_role_that_exits_2_for_its_config_is_not_restarted(tmp_path):
     bad = [sys.executable, "-c", "import sys; print('pool: bad config', file=sys.stderr); sys.exit(2)"]
     trainer = [sys.executable, "-c", "import time; time.sleep(60)"]

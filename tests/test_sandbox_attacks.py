@@ -20,8 +20,8 @@ from hpc.sandbox.base import SandboxSpec
 from hpc.sandbox.bwrap import BwrapSandbox
 from hpc.sandbox.policy import UID_BASE, Limits
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0,
-                                reason="needs bubblewrap (make sysdeps) and root for the sandbox's uid range")
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0,
+                                reason="needs bubblewrap (make sysdeps) and root for the sandbox's uid range")]
 
 
 def run(coro):

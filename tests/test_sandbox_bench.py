@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "sandbox_bench.py"
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = [sys.executable, "-m", "benchmarks.sandbox_bench"]     # run from ROOT
 
 
 def _needs() -> str | None:
@@ -35,8 +38,8 @@ def _approx(x):
 
 
 def test_quick_run_reports_figures_beside_baselines(runnable, tmp_path):
-    p = subprocess.run([sys.executable, str(BENCH), "--quick", "--json", "--dir", str(tmp_path)],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run([*BENCH, "--quick", "--json", "--dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert p.returncode == 0, p.stdout + p.stderr
     lines = p.stdout.strip().splitlines()
     out = json.loads(lines[-1])
@@ -86,16 +89,14 @@ def test_quick_run_reports_figures_beside_baselines(runnable, tmp_path):
     (["--dir", "/nonexistent/sandbox-bench"], "is not a directory"),
 ])
 def test_bad_arguments_are_refused(args, message):
-    p = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=60)
+    p = subprocess.run([*BENCH, *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert p.returncode == 2 and message in p.stderr, p.stderr
 
 
-IMAGE_BENCH = BENCH.parent / "image_bench.py"
-
-
 def test_the_image_bench_stores_a_shared_base_once_and_starts_sandboxes_on_the_stack(runnable, tmp_path):
-    p = subprocess.run([sys.executable, str(IMAGE_BENCH), "--images", "3", "--base-mib", "20", "--rounds", "2",
-                        "--json", "--dir", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    p = subprocess.run([sys.executable, "-m", "benchmarks.image_bench", "--images", "3", "--base-mib", "20",
+                        "--rounds", "2", "--json", "--dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stdout + p.stderr
     out = json.loads(p.stdout)
     disk, start = out["storage"], out["start"]

@@ -20,8 +20,8 @@ from hpc.sandbox.bwrap import BwrapSandbox
 from hpc.sandbox.bwrap_args import bwrap_argv, mount_points
 from hpc.sandbox.supervisor import FORK_SERVER_NAME, SUPERVISOR_NAME
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0,
-                                reason="needs bubblewrap (make sysdeps) and root for overlay mounts")
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0,
+                                reason="needs bubblewrap (make sysdeps) and root for overlay mounts")]
 
 
 def run(coro):

@@ -24,6 +24,8 @@ from hpc.sandbox.policy import (
 )
 from hpc.sandbox.supervisor import take_slot
 
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parents[1]
 
 

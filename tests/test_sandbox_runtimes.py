@@ -36,6 +36,8 @@ from hpc.sandbox.factory import make_sandbox
 from hpc.sandbox.local import LocalSandbox
 from hpc.sandbox.policy import dropped_capabilities
 
+pytestmark = pytest.mark.integration
+
 FAKE = r'''
 import json, os, shlex, signal, subprocess, sys, time
 STATE = __STATE__

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from agentrl.swe import episode
-from agentrl.swe.harbor import convert_task
+from agentrl.swe.harbor import BUNDLED_TASKS, convert_task
 from agentrl.swe.loaded import load_record, load_tasks
 from hpc.sandbox.base import SandboxSpec
 from hpc.sandbox.bwrap import BwrapSandbox
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0,
-                                reason="needs bubblewrap (make sysdeps) and root for overlay mounts")
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0,
+                                reason="needs bubblewrap (make sysdeps) and root for overlay mounts")]
 
 
 def run(coro):
@@ -27,12 +27,12 @@ def run(coro):
 
 @pytest.fixture
 def roman():
-    return load_record(convert_task(ROOT / "tasks/roman-subtractive"))
+    return load_record(convert_task(BUNDLED_TASKS / "roman-subtractive"))
 
 
 def test_patch_holds_the_agents_change_and_grades_in_a_fresh_sandbox(roman, tmp_path):
     spec = roman.spec.model_copy(update={"files_to_exclude_from_patch": ["*.log"]})
-    repo = ROOT / "tasks/roman-subtractive/environment/repo"
+    repo = BUNDLED_TASKS / "roman-subtractive/environment/repo"
 
     async def go():
         async with BwrapSandbox(SandboxSpec(workdir_source=str(repo))) as sb:
@@ -57,7 +57,7 @@ def test_patch_holds_the_agents_change_and_grades_in_a_fresh_sandbox(roman, tmp_
 
 def test_agent_time_limit_stops_its_process_group_before_grading(roman):
     spec = roman.spec.model_copy(update={"timeouts": roman.spec.timeouts.model_copy(update={"agent_s": 1.0})})
-    repo = ROOT / "tasks/roman-subtractive/environment/repo"
+    repo = BUNDLED_TASKS / "roman-subtractive/environment/repo"
 
     async def go():
         async with BwrapSandbox(SandboxSpec(workdir_source=str(repo))) as sb:
@@ -74,7 +74,7 @@ def test_agent_time_limit_stops_its_process_group_before_grading(roman):
 
 
 def test_the_verifier_files_enter_only_at_grading(roman):
-    repo = ROOT / "tasks/roman-subtractive/environment/repo"
+    repo = BUNDLED_TASKS / "roman-subtractive/environment/repo"
 
     async def go():
         async with BwrapSandbox(SandboxSpec(workdir_source=str(repo))) as sb:
@@ -90,29 +90,29 @@ def test_the_verifier_files_enter_only_at_grading(roman):
 
 def test_tasks_check_of_the_bundled_tasks_and_a_broken_one(tmp_path):
     broken = tmp_path / "broken"
-    shutil.copytree(ROOT / "tasks/roman-subtractive", broken)
+    shutil.copytree(BUNDLED_TASKS / "roman-subtractive", broken)
     (broken / "solution/solve.sh").write_text("#!/usr/bin/env bash\ntrue\n")   # "fixes" nothing
-    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "tasks", "check", str(ROOT / "tasks"), str(broken),
+    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "tasks", "check", str(BUNDLED_TASKS), str(broken),
                         "--json", "--concurrency", "2"], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 1, r.stderr
     result = json.loads(r.stdout.strip().splitlines()[-1])
     rows = {t["instance_id"]: t for t in result["tasks"]}
     assert len(rows) == 9 and result["flagged"] == 1
     assert "the solution does not pass" in rows["broken"]["problem"]
-    for name in os.listdir(ROOT / "tasks"):
+    for name in os.listdir(BUNDLED_TASKS):
         assert (rows[name]["oracle_reward"], rows[name]["noop_reward"], rows[name]["problem"]) == (1.0, 0.0, "")
 
 
 def test_load_tasks_from_jsonl_equals_from_directories(tmp_path):
     out = tmp_path / "prompts.jsonl"
-    subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(ROOT / "tasks"), "--out", str(out)],
+    subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(BUNDLED_TASKS), "--out", str(out)],
                    check=True, capture_output=True, cwd=ROOT)
-    assert load_tasks([str(out)]) == load_tasks([str(ROOT / "tasks")])
+    assert load_tasks([str(out)]) == load_tasks([str(BUNDLED_TASKS)])
 
 
 def test_grading_a_task_whose_config_json_holds_100000_test_names(tmp_path):
     task = tmp_path / "big"
-    shutil.copytree(ROOT / "tasks/roman-subtractive", task)
+    shutil.copytree(BUNDLED_TASKS / "roman-subtractive", task)
     names = [f"tests/test_mod_{i}.py::TestCase::test_{i}" for i in range(100_000)]
     config = json.dumps({"PASS_TO_PASS": names, "FAIL_TO_PASS": ["tests/test_issue.py"]}).encode()
     assert len(config) > 2 * 1024 * 1024   # past ARG_MAX (2 MiB) and far past one argument's 128 KiB

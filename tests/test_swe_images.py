@@ -8,17 +8,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from oci_builder import dir_entries, write_oci_layout
 
+from agentrl.swe.harbor import BUNDLED_TASKS
 from agentrl.swe.sandboxes import resolve_image
 from hpc.images.build import build_image
 from hpc.images.cache import ImageCache
 from hpc.images.hostroot import build_host_rootfs
+from hpc.images.oci_writer import dir_entries, write_oci_layout
 from hpc.sandbox.base import SandboxError
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (make sysdeps)")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (make sysdeps)")]
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +29,7 @@ def python_image(tmp_path_factory) -> Path:
     in a real image), made from the host's programs."""
     work = tmp_path_factory.mktemp("image")
     build_host_rootfs(work / "rootfs")
-    shutil.copytree(ROOT / "tasks/roman-subtractive/environment/repo", work / "rootfs/testbed", dirs_exist_ok=True)
+    shutil.copytree(BUNDLED_TASKS / "roman-subtractive/environment/repo", work / "rootfs/testbed", dirs_exist_ok=True)
     # Prove the sandbox runs the image, not the host: a marker only the image has.
     (work / "rootfs/etc/agentrl-image").write_text("from-the-image\n")
     write_oci_layout(work / "layout", [dir_entries(work / "rootfs")], compression=[None])
@@ -35,7 +37,7 @@ def python_image(tmp_path_factory) -> Path:
 
 
 def _task_with_image(src: str, image: str, dest: Path) -> Path:
-    shutil.copytree(ROOT / "tasks" / src, dest)
+    shutil.copytree(BUNDLED_TASKS / src, dest)
     toml = dest / "task.toml"
     toml.write_text(re.sub(r'docker_image = ".*"', f'docker_image = "{image}"', toml.read_text()))
     # The oracle also checks that it runs in the image.

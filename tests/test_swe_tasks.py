@@ -20,6 +20,8 @@ from agentrl.swe.task import (
     reward_from,
 )
 
+pytestmark = pytest.mark.integration
+
 HOST_PYTHON = "/usr/bin/python3"  # what a sandbox on the host's root filesystem sees, not the venv
 TASK_DIRS = sorted(p for p in BUNDLED_TASKS.iterdir() if (p / "task.toml").exists())
 

@@ -101,6 +101,7 @@ def test_instructions_are_one_sentence_of_one_shape():
 
 # --- determinism and splits --------------------------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_the_same_arguments_give_byte_identical_output_and_a_larger_n_extends_a_smaller(tmp_path):
     assert make(tmp_path / "a", "--n", "12", "--seed", "5", "--split", "train") == 0
     assert make(tmp_path / "b", "--n", "12", "--seed", "5", "--split", "train", "--jobs", "1") == 0
@@ -129,6 +130,7 @@ def test_train_and_heldout_never_hold_the_same_task():
 
 # --- refusals ----------------------------------------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_arguments_and_occupied_output_are_refused(tmp_path, capsys):
     assert main(["tasks", "generate", "nope", "--n", "2", "--split", "train", "--out", str(tmp_path / "x")]) == 2
     assert "'nope'" in capsys.readouterr().err and "pyfix" in FAMILIES
@@ -155,6 +157,7 @@ def test_arguments_and_occupied_output_are_refused(tmp_path, capsys):
     assert "not a directory" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_a_task_whose_tests_do_not_tell_the_fix_from_the_bug_is_refused(tmp_path):
     name, d = gen.drafts("pyfix", "train", 0, 1)[0]
     gen.check_on_host(name, gen.layout(name, d, "pyfix", "train", 0), d)    # the real one passes
@@ -171,6 +174,7 @@ def test_a_task_whose_tests_do_not_tell_the_fix_from_the_bug_is_refused(tmp_path
 
 # --- as Harbor tasks ---------------------------------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_generated_tasks_convert_and_are_laid_out_as_the_bundled_ones(tmp_path):
     out = tmp_path / "gen"
     assert make(out, "--n", "6", "--seed", "2", "--split", "heldout") == 0
@@ -201,6 +205,7 @@ def cli_check(*args, timeout=600):
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
+@pytest.mark.integration
 @needs_bwrap
 def test_generated_tasks_of_every_bug_kind_pass_their_oracle_fail_their_noop_and_defeat_every_hack(tmp_path):
     from agentrl.swe.hacks import HACKS

@@ -18,6 +18,8 @@ import pytest
 
 from agentrl.swe.harbor import BUNDLED_TASKS
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[1]
 TASK_DIRS = sorted(p for p in BUNDLED_TASKS.iterdir() if (p / "task.toml").exists())
 HOST_PYTHON = "/usr/bin/python3"

@@ -22,6 +22,8 @@ from agentrl.swe.families import pyfix_hint
 from agentrl.swe.teacher import FIX, MISTAKES, READ, Teacher, plan
 from agentrl.train.sft import load_samples
 
+pytestmark = pytest.mark.integration
+
 pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 ROOT = Path(__file__).resolve().parents[1]
 

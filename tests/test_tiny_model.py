@@ -161,6 +161,7 @@ def test_failed_build_leaves_nothing(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.integration
 def test_cli_builds_a_tokenizer_and_reports_errors(tmp_path):
     script = str(ROOT / "tools" / "make_tiny_model.py")
     out = tmp_path / "tok"

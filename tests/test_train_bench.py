@@ -5,12 +5,14 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[1]
-BENCH = str(ROOT / "benchmarks/train_bench.py")
+BENCH = [sys.executable, "-m", "benchmarks.train_bench"]     # run from ROOT
 
 
 def test_train_benchmark_shows_lpt_never_behind_merging_the_two_smallest():
-    r = subprocess.run([sys.executable, BENCH, "--parts", "a", "--steps", "10", "--attempts", "8", "--json"],
+    r = subprocess.run([*BENCH, "--parts", "a", "--steps", "10", "--attempts", "8", "--json"],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     figures = json.loads(r.stdout.strip().splitlines()[-1])
@@ -30,7 +32,7 @@ def test_train_benchmark_shows_lpt_never_behind_merging_the_two_smallest():
 
 
 def test_train_benchmark_prints_trainer_and_publish_figures_beside_their_baselines(tmp_path):
-    r = subprocess.run([sys.executable, BENCH, "--quick", "--dir", str(tmp_path), "--json"],
+    r = subprocess.run([*BENCH, "--quick", "--dir", str(tmp_path), "--json"],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     figures = json.loads(r.stdout.strip().splitlines()[-1])
@@ -61,14 +63,14 @@ def test_train_benchmark_prints_trainer_and_publish_figures_beside_their_baselin
                                                (["--steps", "0"], "at least 1"),
                                                (["--rounds", "0"], "at least 1")])
 def test_train_benchmark_refuses_bad_arguments(args, message):
-    r = subprocess.run([sys.executable, BENCH, *args], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([*BENCH, *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 2 and message in r.stderr
 
 
 def test_the_checkpoint_bench_bounds_the_bytes_against_a_full_checkpoint_per_rollout(tmp_path):
-    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "checkpoint_bench.py"
-    p = subprocess.run([sys.executable, str(bench), "--rollouts", "6", "--save-every", "3", "--keep-last", "1",
-                        "--dir", str(tmp_path), "--json"], capture_output=True, text=True, timeout=300)
+    p = subprocess.run([sys.executable, "-m", "benchmarks.checkpoint_bench", "--rollouts", "6", "--save-every", "3",
+                        "--keep-last", "1", "--dir", str(tmp_path), "--json"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     # bounded: iter_6's full state and export (4 weights' worth); everything: 6 x 4

@@ -18,6 +18,8 @@ from agentrl.train.loop import Trainer
 from hpc.records import read_record
 from hpc.runlayout import RunLayout
 
+pytestmark = pytest.mark.integration    # the trainer on a tiny model, checkpoints and all
+
 pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -198,7 +200,7 @@ def test_colocated_servers_release_memory_only_after_the_rollout_closes(tiny_mod
     """The protocol's order on CPU: the memory release itself needs a GPU (SGLang's memory saver)."""
     import httpx
 
-    from agentrl.train.publish import InferenceClient
+    from hpc.inference.sglang import SGLangClient
     from hpc.ledger import Ledger
     from hpc.registry import Registry
 
@@ -227,7 +229,7 @@ def test_colocated_servers_release_memory_only_after_the_rollout_closes(tiny_mod
     run = RunLayout.create(tmp_path / "run")
     Registry(run.services_dir).register("inference", 0, host="gpu1", port=30000)
     trainer = Trainer(run, config(tiny_model, prompts, num_rollouts=2, colocated=True),
-                      inference_client=lambda url: InferenceClient(url, transport=httpx.MockTransport(server)))
+                      inference_client=lambda url: SGLangClient(url, transport=httpx.MockTransport(server)))
     Ledger.close_rollout, Ledger.open_rollout = close, open_
     try:
         with FakePool(run.root):
@@ -302,9 +304,9 @@ def test_a_server_answering_200_without_json_is_not_taken_for_a_publish():
     """A proxy's 200 page, say: the weights were not loaded, and the publish says so."""
     import httpx
 
-    from agentrl.train.publish import InferenceClient, PublishError
+    from hpc.inference.sglang import SGLangClient, SGLangError
 
-    client = InferenceClient("http://gpu1:30000", transport=httpx.MockTransport(
+    client = SGLangClient("http://gpu1:30000", transport=httpx.MockTransport(
         lambda request: httpx.Response(200, text="<html>welcome</html>")))
-    with pytest.raises(PublishError, match="answered 200 with no JSON: '<html>welcome</html>'"):
+    with pytest.raises(SGLangError, match="answered 200 with no JSON: '<html>welcome</html>'"):
         client.update_weights(Path("/ckpt/iter_1/hf"), 1)

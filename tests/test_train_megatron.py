@@ -13,15 +13,15 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from agentrl.sample import Sample
 from agentrl.train.batch import RolloutBatch, plan_steps, rollout_batch
 from agentrl.train.config import TrainConfig
 from agentrl.train.megatron_convert import hf_to_megatron, megatron_to_hf
 from agentrl.train.torch_backend import TorchPolicy
-from hpc.buffer import Sample
 
 pytest_plugins = ["tiny_assets", "megatron_cpu"]
 # megatron-core's own deprecation notices, and torch's about the ShardedTensor its checkpoints still use
-pytestmark = [pytest.mark.filterwarnings("ignore::Warning:megatron"),
+pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::Warning:megatron"),
               pytest.mark.filterwarnings("ignore:.*ShardedTensor:FutureWarning")]
 
 NO_MEGATRON = "megatron-core is not installed (pip install -e .[megatron])"
@@ -289,13 +289,14 @@ def test_the_trainer_loop_trains_checkpoints_and_resumes_with_megatron(megatron_
 
     from fake_pool import FakePool
 
+    from agentrl.swe.harbor import BUNDLED_TASKS
     from agentrl.train.config import load_train_config
     from agentrl.train.loop import Trainer
     from hpc.runlayout import RunLayout
 
     root = Path(__file__).resolve().parents[1]
     prompts = tmp_path / "prompts.jsonl"
-    subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(root / "tasks"), "--out",
+    subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(BUNDLED_TASKS), "--out",
                     str(prompts)], check=True, capture_output=True, cwd=root)
     train = {"model": str(tiny_model), "prompt_data": str(prompts), "backend": "megatron", "num_rollouts": 2,
              "rollout_batch_size": 2, "n_samples_per_prompt": 2, "lr": 1e-3, "max_tokens_per_gpu": 256}

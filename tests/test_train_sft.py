@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from agentrl.sample import SAMPLE_CODEC, Sample
 from agentrl.train.sft import SFTConfig, load_samples, run_sft, step_batches
-from hpc.buffer import Sample, write_shard
+from hpc.buffer import write_shard
 from hpc.ledger import Claim
 
 pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
@@ -74,10 +75,11 @@ def test_min_reward_keeps_only_successes_and_steps_respect_the_token_budget(tiny
         run_sft(SFTConfig(model=tiny_model, out=tmp_path / "x", min_reward=5.0), samples)
 
 
+@pytest.mark.integration
 def test_samples_come_from_shards_and_the_cli_refuses_bad_input(tiny_model, tmp_path):
     buf = tmp_path / "buffer"
     for g in range(2):
-        write_shard(buf, Claim(rollout_id=0, group=g, attempt=0, generation=0), [_demo(tiny_model, g)])
+        write_shard(buf, Claim(rollout_id=0, group=g, attempt=0, generation=0), [_demo(tiny_model, g)], SAMPLE_CODEC)
     assert [s.group_index for s in load_samples([buf])] == [0, 1]
 
     def cli(*args):

@@ -7,9 +7,9 @@ the end-to-end learning test may not notice (docs/learning.md): these catch it e
 import numpy as np
 import torch
 
+from agentrl.sample import Sample
 from agentrl.train.batch import plan_steps, rollout_batch
 from agentrl.train.tensors import response_slices, token_inputs
-from hpc.buffer import Sample
 
 
 def lp(token: int) -> float:
@@ -25,7 +25,7 @@ def multi_turn_sample(group: int, attempt: int, reward: float, prompt: int, turn
     tokens = np.arange(n, dtype=np.int32) + 7 * group + 100 * attempt
     logps = np.where(mask == 1, [lp(t) for t in tokens[prompt:]], 0.0).astype(np.float32)
     return Sample(tokens=tokens, response_length=len(mask), loss_mask=mask, rollout_log_probs=logps, reward=reward,
-                  status="completed", group_index=group, attempt=attempt, metadata={})
+                  status="completed", group_index=group, attempt=attempt)
 
 
 def batch():

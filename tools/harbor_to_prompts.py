@@ -1,18 +1,14 @@
 """Harbor task directories -> JSONL prompt data (the same as `agentrl convert harbor`).
 
-    python tools/harbor_to_prompts.py tasks/ --out prompts.jsonl [--on-error skip|fail]
+    python tools/harbor_to_prompts.py HARBOR_TASKS/ --out prompts.jsonl [--on-error skip|fail]
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from agentrl.swe import harbor  # noqa: E402
+from agentrl.swe import harbor
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,10 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from agentrl.models import tiny  # noqa: E402
+from agentrl.models import tiny
 
 
 def main(argv: list[str] | None = None) -> int:

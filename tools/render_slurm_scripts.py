@@ -9,12 +9,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from hpc.launch.executors import load_config
+from hpc.launch.plan import load_plan
+from hpc.launch.sbatch import render_sbatch
 
-from hpc.launch.executors import load_config  # noqa: E402
-from hpc.launch.plan import load_plan  # noqa: E402
-from hpc.launch.sbatch import render_sbatch  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def rendered() -> dict[Path, str]:

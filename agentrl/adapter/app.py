@@ -260,7 +260,7 @@ def create_app(adapter: Adapter, control_token: str) -> FastAPI:
 
     @app.post("/_agentrl/finish_session")
     async def finish_route(request: Request) -> Response:
-        return await control(request, SessionKey, lambda body: adapter.sessions.finish(body.key))
+        return await control(request, SessionKey, lambda body: adapter.sessions.finish(body.key).to_json())
 
     @app.post("/_agentrl/drop_session")
     async def drop_route(request: Request) -> Response:

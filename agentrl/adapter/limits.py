@@ -58,7 +58,8 @@ async def read_body(request: Any, limit: int, *, field: str = "max_body_bytes") 
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise too_large(f"the body is {int(declared):,} bytes; the limit is {limit:,} ({field})")
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:

@@ -81,6 +81,13 @@ _JSON_ERRORS = (ValueError, RecursionError)
 _WS = re.compile(r"\s*")
 
 
+def _skip_ws(text: str, pos: int) -> int:
+    """Where the whitespace at `pos` ends (_WS matches anywhere, if only the empty string)."""
+    m = _WS.match(text, pos)
+    assert m is not None
+    return m.end()
+
+
 def _strip_newline(s: str) -> str:
     """Less the one leading and one trailing "\\n" that a canonical text puts around a block."""
     s = s.removeprefix("\n")
@@ -147,7 +154,7 @@ _JSON_CALL_END = re.compile(r"\s*</tool_call>")
 
 
 def _parse_json_call(text: str, pos: int, schemas: Mapping[str, Mapping]) -> tuple[ToolCall, int, list[str]]:
-    pos = _WS.match(text, pos).end()
+    pos = _skip_ws(text, pos)
     try:
         call, end = _JSON.raw_decode(text, pos)
     except _JSON_ERRORS as e:
@@ -219,7 +226,7 @@ def _split_tool_calls(text: str, fmt: _ToolFormat, schemas: Mapping[str, Mapping
             raise _fail(f"call to unknown function {call.name!r}", text, pos)
         calls.append(call)
         notes += call_notes
-        pos = _WS.match(text, end).end()
+        pos = _skip_ws(text, end)
     return text[:start].removesuffix("\n"), tuple(calls), tuple(notes)
 
 
@@ -245,6 +252,7 @@ def render_output(content: str = "", *, reasoning: str | None = None, tool_calls
         raise ValueError("reasoning needs a reasoning parser")
     if tool_calls and tool_parser is None:
         raise ValueError("tool calls need a tool parser")
-    calls = [_TOOL_FORMATS[tool_parser].render_call(call) for call in tool_calls] if tool_calls else []
+    calls = ([_TOOL_FORMATS[tool_parser].render_call(call) for call in tool_calls]
+             if tool_calls and tool_parser is not None else [])
     body = "\n".join([content, *calls] if content else calls)
     return body if reasoning is None else f"{THINK_START}\n{reasoning}\n{THINK_END}\n\n{body}"

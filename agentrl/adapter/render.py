@@ -30,10 +30,10 @@ def _call(name: str, **arguments: Any) -> dict[str, Any]:
     return {"id": f"probe-{name}", "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-_PROBE_TOOLS = [{"type": "function", "function": {"name": "shell", "description": "Run a command",
-                                                   "parameters": {"type": "object",
-                                                                  "properties": {"cmd": {"type": "string"}}}}}]
-_PROBE = [
+_PROBE_TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "function": {"name": "shell", "description": "Run a command",
+                                      "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}]
+_PROBE: list[dict[str, Any]] = [
     {"role": "system", "content": "You are a probe."},
     {"role": "user", "content": "first question"},
     {"role": "assistant", "content": "A first answer.", "reasoning_content": "first thoughts"},

@@ -184,7 +184,7 @@ class Adapter:
             body = out[:-1] if out and (gen.matched_stop == out[-1] or out[-1] in self.stop_ids) else out
             parsed = parse_output(self.decode(body), tool_parser=self.config.tool_parser,
                                   reasoning_parser=self.config.reasoning_parser, tools=chat.tools)
-            finish = "length" if gen.finish_reason == "length" else "stop"
+            finish: Literal["stop", "length"] = "length" if gen.finish_reason == "length" else "stop"
             session.tree.add(Turn(ids, out, gen.logprobs, finish, parsed.ill_formed,
                                   _version(gen.weight_version), meta={"t": time.time()}))
             session.stats["ill_formed_turns"] += parsed.ill_formed

@@ -19,7 +19,7 @@ from .echo import EchoRestorer
 from .limits import SAMPLING_KEYS, sampling_values
 from .render import ChatRenderer, Render
 from .tokens import PrefixTokenizer
-from .trajectory import Drift, Sample, TrajectoryTree
+from .trajectory import Chain, Drift, TrajectoryTree
 
 
 class SessionError(Exception):
@@ -63,25 +63,32 @@ class Session:
     # Held while a turn renders and tokenizes in a worker thread, and while a turn is recorded: one at a time.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> FinishedSession:
         """What a finished session hands to the rollout worker."""
-        samples = self.tree.samples()
+        chains = self.tree.samples()
         counts = {d.value: n for d, n in self.tree.counts.items()}
+        return FinishedSession(
+            self.session_id, self.metadata, chains,
+            {**self.stats, "turns": self.tree.turns, "chains": self.tree.chains, "branches": self.tree.branches,
+             "drift": counts, "dropped_chains": self.tree.chains - len(chains),
+             "prefix_hits": self.tokens.hits, "prefix_fallbacks": self.tokens.fallbacks,
+             "incremental_renders": self.renderer.incremental, "full_renders": self.renderer.full,
+             "render_mismatches": self.renderer.mismatches, "echoes_restored": self.echo.restored})
+
+
+@dataclass(frozen=True)
+class FinishedSession:
+    """A finished session: its chains that train (one sample each, `Chain.to_sample`) and its counts."""
+
+    session_id: str
+    metadata: dict[str, Any]         # what the session was opened with: the caller's own
+    chains: list[Chain]
+    stats: dict[str, Any]            # the session's counters, and the tree's: turns, chains, branches, drift, ...
+
+    def to_json(self) -> dict[str, Any]:
+        """The finish_session route's reply."""
         return {"session_id": self.session_id, "metadata": self.metadata,
-                "samples": [sample_json(s) for s in samples],
-                "stats": {**self.stats, "turns": self.tree.turns, "chains": self.tree.chains,
-                          "branches": self.tree.branches, "drift": counts,
-                          "dropped_chains": self.tree.chains - len(samples),
-                          "prefix_hits": self.tokens.hits, "prefix_fallbacks": self.tokens.fallbacks,
-                          "incremental_renders": self.renderer.incremental, "full_renders": self.renderer.full,
-                          "render_mismatches": self.renderer.mismatches, "echoes_restored": self.echo.restored}}
-
-
-def sample_json(s: Sample) -> dict[str, Any]:
-    return {"tokens": list(s.tokens), "prompt_length": s.prompt_length, "response_length": s.response_length,
-            "loss_mask": list(s.loss_mask), "rollout_log_probs": list(s.rollout_log_probs),
-            "turns": s.turns, "trained_tokens": s.trained_tokens, "weight_versions": s.weight_versions,
-            "finish_reason": s.finish_reason, "truncated": s.truncated, "ill_formed_turns": s.ill_formed_turns}
+                "samples": [chain.to_json() for chain in self.chains], "stats": self.stats}
 
 
 class SessionStore:
@@ -124,7 +131,7 @@ class SessionStore:
             return self.open(key)
         raise SessionError(401, "authentication_error", "unknown API key: no open session has it")
 
-    def finish(self, key: str) -> dict[str, Any]:
+    def finish(self, key: str) -> FinishedSession:
         session = self._take(key)
         session.finished = True
         return session.result()

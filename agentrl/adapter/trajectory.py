@@ -1,4 +1,4 @@
-"""An episode's model calls as a tree of turns, and the training samples it yields.
+"""An episode's model calls as a tree of turns, and the chains it yields: one training sample each.
 
 Each call re-sends the whole conversation, so a turn's prompt normally starts with the previous
 turn's prompt + output (CLEAN) and the episode is one token sequence: one sample. The tree mounts
@@ -14,7 +14,8 @@ Where both a CLEAN and a REALIGN mount are possible, the one that matches more o
 (ties go to CLEAN, which loses nothing, then to the newest turn): otherwise drift at the end of a
 chain would branch at the chain's second-to-last turn, one sample per turn.
 
-Each root-to-leaf chain is one sample. A turn on several chains (the trunk under a sub-agent or a
+Each root-to-leaf chain is one sample (`Chain`; `Chain.to_sample` once the attempt is graded, the
+`Chain.to_json` form for finish_session). A turn on several chains (the trunk under a sub-agent or a
 retry) is trained only in the first of them, taking leaves in the order they were created.
 
 Ids are kept as int32 bytes: prefix checks are memcmp (`bytes.startswith` at an offset), and a
@@ -27,8 +28,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+
+from ..sample import AttemptMetadata, Sample, SampleMetadata
 
 _ITEM = np.dtype(np.int32).itemsize
 
@@ -77,7 +81,7 @@ class Drift(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Sample:
+class Chain:
     """One chain's token sequence. loss_mask and rollout_log_probs cover the response only.
 
     weight_versions and ill_formed_turns describe the turns this sample trains (at least one
@@ -103,6 +107,26 @@ class Sample:
     def truncated(self) -> bool:
         return self.finish_reason == "length"
 
+    def to_json(self) -> dict[str, Any]:
+        """The chain as the finish_session route returns it (docs/adapter.md)."""
+        return {"tokens": list(self.tokens), "prompt_length": self.prompt_length,
+                "response_length": self.response_length, "loss_mask": list(self.loss_mask),
+                "rollout_log_probs": list(self.rollout_log_probs), "turns": self.turns,
+                "trained_tokens": self.trained_tokens, "weight_versions": self.weight_versions,
+                "finish_reason": self.finish_reason, "truncated": self.truncated,
+                "ill_formed_turns": self.ill_formed_turns}
+
+    def to_sample(self, *, reward: float, group_index: int, attempt: int, metadata: AttemptMetadata) -> Sample:
+        """The training sample of this chain, once its attempt is graded: the attempt's reward and metadata."""
+        recorded = SampleMetadata(**metadata.model_dump(), chain_turns=self.turns,
+                                  trained_tokens=self.trained_tokens,
+                                  weight_version=self.weight_versions[1] if self.weight_versions else None,
+                                  truncated=self.truncated, ill_formed_turns=self.ill_formed_turns)
+        return Sample(tokens=np.asarray(self.tokens, np.int32), response_length=self.response_length,
+                      loss_mask=np.asarray(self.loss_mask, np.uint8),
+                      rollout_log_probs=np.asarray(self.rollout_log_probs, np.float32), reward=reward,
+                      status="completed", group_index=group_index, attempt=attempt, metadata=recorded)
+
 
 @dataclass(eq=False, slots=True)
 class _Node:
@@ -126,7 +150,8 @@ class _Node:
         return self.prompt_length + self.kept
 
     def chain(self) -> list[_Node]:
-        nodes, node = [], self
+        nodes: list[_Node] = []
+        node: _Node | None = self
         while node is not None:
             nodes.append(node)
             node = node.parent
@@ -165,8 +190,10 @@ class TrajectoryTree:
         return sum(not node.children for node in self._nodes)
 
     def add(self, turn: Turn) -> Drift:
-        haystack = turn.prompt_ids.tobytes()
-        parent, kept = self._mount_point(turn.prompt_ids, haystack)
+        # The read-only arrays Turn.__post_init__ made, as such (_frozen returns them, no copy).
+        prompt_ids, output_ids = _frozen(turn.prompt_ids, np.int32), _frozen(turn.output_ids, np.int32)
+        haystack = prompt_ids.tobytes()
+        parent, kept = self._mount_point(prompt_ids, haystack)
         if parent is None:
             drift = Drift.FORK if self._nodes else Drift.ROOT
         elif kept < parent.kept:
@@ -176,8 +203,8 @@ class TrajectoryTree:
             drift = Drift.CLEAN
         start = parent.held_length if parent else 0
         # Not the turn itself: that would keep its whole prompt alive, where the tail suffices.
-        node = _Node(len(self._nodes), parent, start, haystack[start * _ITEM:], len(turn.prompt_ids),
-                     turn.output_ids, turn.output_logprobs, len(turn.output_ids), turn.output_ids.tobytes(),
+        node = _Node(len(self._nodes), parent, start, haystack[start * _ITEM:], len(prompt_ids),
+                     output_ids, _frozen(turn.output_logprobs, np.float64), len(output_ids), output_ids.tobytes(),
                      turn.finish_reason, turn.ill_formed, turn.weight_version, turn.meta)
         if parent is None:
             self._roots.append(node)
@@ -201,7 +228,8 @@ class TrajectoryTree:
             if (leaf.held_length <= len(prompt) and haystack.startswith(self._last_prompt)
                     and haystack.startswith(leaf.kept_bytes, leaf.prompt_length * _ITEM)):
                 return leaf, leaf.kept
-        best, best_key = (None, 0), (-1, False, -1)     # key: (prompt tokens matched, clean, newest)
+        best: tuple[_Node | None, int] = (None, 0)
+        best_key = (-1, False, -1)     # (prompt tokens matched, clean, newest)
         stack = list(self._roots)
         while stack:
             node = stack.pop()
@@ -214,10 +242,10 @@ class TrajectoryTree:
                 # Its children's prompts hold all of its kept output: truncating it would untrain
                 # tokens their chains kept verbatim, or train the first chain on tokens it lacks.
                 continue
-            elif (kept := self._realign_cut(node, prompt)) is None:
+            elif (cut := self._realign_cut(node, prompt)) is None:
                 continue
             else:
-                key = (node.prompt_length + kept, False, node.index)
+                kept, key = cut, (node.prompt_length + cut, False, node.index)
             if key > best_key:
                 best, best_key = (node, kept), key
         return best
@@ -232,7 +260,7 @@ class TrajectoryTree:
         cut = int(differs.argmax())
         return cut if len(output) - cut <= self.realign_window else None
 
-    def samples(self) -> list[Sample]:
+    def samples(self) -> list[Chain]:
         trained: set[int] = set()
         samples = []
         for leaf in self._nodes:
@@ -246,7 +274,7 @@ class TrajectoryTree:
         return samples
 
 
-def _sample(chain: list[_Node], own: list[_Node]) -> Sample:
+def _sample(chain: list[_Node], own: list[_Node]) -> Chain:
     leaf = chain[-1]
     tokens = np.concatenate([np.frombuffer(node.tail + node.kept_bytes, np.int32) for node in chain])
     mask, logprobs = np.zeros(len(tokens), np.int8), np.zeros(len(tokens))
@@ -256,7 +284,7 @@ def _sample(chain: list[_Node], own: list[_Node]) -> Sample:
         logprobs[trained] = node.output_logprobs[:node.kept]
     start = chain[0].prompt_length
     versions = [node.weight_version for node in own if node.weight_version is not None]
-    return Sample(
+    return Chain(
         tokens=tokens.tolist(),
         prompt_length=start,
         loss_mask=mask[start:].tolist(),

@@ -60,12 +60,13 @@ def parse_generation(reply: Any) -> Generation:
 
 
 def registry_servers(registry: Registry, *, role: str = "inference", ttl_s: float = 30.0,
-                     refresh_s: float = 1.0) -> Callable[[], list[str]]:
-    """The URLs of `role` services with a fresh heartbeat, re-read from the registry at most every refresh_s."""
+                     refresh_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> Callable[[], list[str]]:
+    """The URLs of `role` services with a fresh heartbeat, re-read from the registry at most every refresh_s
+    seconds of `clock`."""
     cache: dict[str, Any] = {"at": float("-inf"), "urls": []}
 
     def servers() -> list[str]:
-        now = time.monotonic()
+        now = clock()
         if now - cache["at"] > refresh_s:
             cache["urls"] = [f"http://{r.host}:{r.port}" for r in registry.alive(role, ttl_s) if r.port]
             cache["at"] = now

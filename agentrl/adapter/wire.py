@@ -262,8 +262,8 @@ def openai_chat(body: Any) -> Chat:
     tools = []
     for i, tool in enumerate(_list(body.get("tools") or [], "tools")):
         fn = tool.get("function") if isinstance(tool, Mapping) else None
-        _need(isinstance(fn, Mapping) and isinstance(fn.get("name"), str),
-              f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}")
+        if not (isinstance(fn, Mapping) and isinstance(fn.get("name"), str)):
+            raise WireError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}")
         tools.append({"type": "function", "function": {"name": fn["name"], "description": fn.get("description", ""),
                                                         "parameters": fn.get("parameters", {})}})
     options = body.get("stream_options") or {}
@@ -284,8 +284,8 @@ def _openai_assistant(msg: Mapping[str, Any], where: str, known_ids: set[str]) -
     calls = []
     for j, call in enumerate(_list(msg.get("tool_calls") or [], f"{where}.tool_calls")):
         fn = call.get("function") if isinstance(call, Mapping) else None
-        _need(isinstance(fn, Mapping) and isinstance(fn.get("name"), str) and isinstance(call.get("id"), str),
-              f"{where}.tool_calls[{j}] needs an id and function.name")
+        if not (isinstance(fn, Mapping) and isinstance(fn.get("name"), str) and isinstance(call.get("id"), str)):
+            raise WireError(f"{where}.tool_calls[{j}] needs an id and function.name")
         args = fn.get("arguments", "{}")
         if isinstance(args, str):
             try:

@@ -49,13 +49,11 @@ def run(args: argparse.Namespace) -> int:
     from hpc.records import RecordError
     from hpc.runlayout import RunDirError, RunLayout
 
-    from ..logs import setup_logging
     from ..swe.harbor import HarborTaskError
     from ..swe.loaded import load_tasks
     from .score import CheckpointEval
     from .watch import training_ended, watch
 
-    setup_logging()
     if args.watch == Path(""):
         from hpc.environment import RoleEnv
 
@@ -89,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
             done = await watch(layout, cfg, tasks, stop=stop, until=training_ended if args.until_done else None)
             print(f"agentrl eval: scored {len(done)} checkpoints: {', '.join(f'iter_{n}' for n in done) or '-'}")
             return 0
+        assert ckpt is not None     # a CHECKPOINT, since not --watch (checked above)
         model = ckpt / "hf" if (ckpt / "hf" / "config.json").is_file() else ckpt
         match = re.fullmatch(r"iter_(\d+)", ckpt.name)
         n = int(match.group(1)) if match else 0

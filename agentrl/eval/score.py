@@ -42,6 +42,7 @@ from ..adapter.service import Adapter, AdapterConfig
 from ..harness import get_harness
 from ..rollout.attempt import InfraError, PoolContext, run_attempt
 from ..rollout.metrics import pass_at_k
+from ..sample import SAMPLE_CODEC
 from ..swe.loaded import LoadedTask
 from .config import EvalConfig
 
@@ -61,6 +62,7 @@ def model_server(cfg: EvalConfig, model_dir: Path, iteration: int, logs: Path):
     if cfg.engine in ("cpu", "teacher"):
         from hpc.inference.cpu_server import Engine, ServerThread
 
+        engine: Engine
         if cfg.engine == "teacher":
             from ..swe.teacher import TeacherEngine
 
@@ -154,14 +156,16 @@ class CheckpointEval:
             await asyncio.to_thread(ledger.fail, claim, repr(e))
             return
         md = outcome.metadata
-        result = {"task": name, "attempt": claim.attempt, "reward": outcome.reward,
-                  **{k: md.get(k) for k in RESULT_KEYS[3:]}, "timings": outcome.timings}
+        result = {"task": name, "attempt": claim.attempt, "reward": outcome.reward, "exit_code": md.exit_code,
+                  "agent_timed_out": md.agent_timed_out,
+                  "empty_patch": md.empty_patch.value if md.empty_patch else None, "patch_bytes": md.patch_bytes,
+                  "turns": md.turns, "tool_calls": md.tool_calls, "timings": outcome.timings}
         ref = f"attempts/{claim.group}-{claim.attempt}-{claim.try_index}.json"
         await asyncio.to_thread(write_new, self.out / ref, json.dumps(result).encode())
         shard = None
         if self.cfg.save_samples:
             shard = self.out / "samples" / await asyncio.to_thread(write_shard, self.out / "samples", claim,
-                                                                   outcome.samples)
+                                                                   outcome.samples, SAMPLE_CODEC)
         try:
             await asyncio.to_thread(ledger.commit, claim, ref)
         except StaleGeneration:   # another evaluator's try of this attempt is the one that counts

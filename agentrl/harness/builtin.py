@@ -14,6 +14,7 @@ from .base import (
     AgentCommand,
     HarnessRun,
     Trajectory,
+    WireProtocol,
     argv_size_warnings,
     compaction_warnings,
     with_overrides,
@@ -28,7 +29,7 @@ SUMMARY_KEYS = ("final_text", "turns", "tool_calls", "exit_reason")
 
 class Builtin:
     name = "builtin"
-    protocol = "openai"
+    protocol: WireProtocol = "openai"
 
     def install(self, tools_dir: Path) -> None:
         install_file(AGENT_SOURCE, tools_dir / AGENT_FILE)

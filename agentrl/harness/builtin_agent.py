@@ -30,6 +30,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 SYSTEM_PROMPT = (
     "You are a software engineering agent working in the repository at {cwd}. You act through the bash "
@@ -152,7 +153,9 @@ class Shell:
 
 
 def tool_result(call: dict, shell: Shell) -> str:
-    fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+    fn = call.get("function")
+    if not isinstance(fn, dict):
+        fn = {}
     if fn.get("name") != "bash":
         return f"error: unknown tool {fn.get('name')!r}; the only tool is bash"
     try:
@@ -168,7 +171,7 @@ def run_agent(args: argparse.Namespace, api_key: str, shell: Shell) -> tuple[int
     url = args.base_url.rstrip("/") + "/chat/completions"
     messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT.format(cwd=os.getcwd())},
                             {"role": "user", "content": args.prompt}]
-    summary = {"final_text": None, "turns": 0, "tool_calls": 0, "exit_reason": None}
+    summary: dict[str, Any] = {"final_text": None, "turns": 0, "tool_calls": 0, "exit_reason": None}
     while args.max_turns is None or summary["turns"] < args.max_turns:
         body = {"model": args.model, "messages": messages, "tools": [BASH_TOOL], "max_tokens": args.max_tokens}
         try:

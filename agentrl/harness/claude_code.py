@@ -9,6 +9,7 @@ from .base import (
     AgentCommand,
     HarnessRun,
     Trajectory,
+    WireProtocol,
     argv_size_warnings,
     compact_trigger,
     compaction_warnings,
@@ -38,7 +39,7 @@ def compaction(run: HarnessRun) -> tuple[str, int]:
 
 class ClaudeCode:
     name = "claude_code"
-    protocol = "anthropic"
+    protocol: WireProtocol = "anthropic"
 
     def install(self, tools_dir: Path) -> None:
         install_clis(tools_dir)

@@ -12,7 +12,15 @@ import json
 import subprocess
 from pathlib import Path
 
-from .base import AgentCommand, HarnessRun, Trajectory, argv_size_warnings, compaction_warnings, with_overrides
+from .base import (
+    AgentCommand,
+    HarnessRun,
+    Trajectory,
+    WireProtocol,
+    argv_size_warnings,
+    compaction_warnings,
+    with_overrides,
+)
 from .install import NODE_BIN_DIR, install_node, install_npm_package
 from .prompts import prompt_and_files
 from .stream_json import read_stream_json
@@ -51,7 +59,7 @@ def version_ready(bin_path: Path) -> bool:
 
 class CodeBuddy:
     name = "codebuddy"
-    protocol = "openai"
+    protocol: WireProtocol = "openai"
 
     def install(self, tools_dir: Path) -> None:
         install_node(tools_dir)

@@ -1,6 +1,6 @@
 """Putting CLIs into the host tools directory that sandboxes mount read-only (task images stay untouched).
 
-    TOOLS/clis/       Claude Code and Qwen Code at the pinned versions (tools/install_agent_clis.sh)
+    TOOLS/clis/       Claude Code and Qwen Code at the pinned versions (PINNED_CLIS)
     TOOLS/node/bin/node   a Node.js for images without one (Qwen Code, CodeBuddy Code)
     TOOLS/codebuddy/  CodeBuddy Code (npm)
     TOOLS/builtin_agent.py
@@ -11,36 +11,35 @@ never leaves a half-written tree where a sandbox would run it. Every step is ide
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .base import HarnessInstallError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-INSTALL_SCRIPT = REPO_ROOT / "tools" / "install_agent_clis.sh"
-REPO_CLIS = REPO_ROOT / ".agent-clis"      # what `make clis` installs
+# The agent CLIs the harnesses drive, pinned here and nowhere else: install_clis and `make clis`
+# (tools/install_agent_clis.sh runs main() below) install exactly these. docs/agent-clis.md records what
+# these versions send; re-check it when a pin moves.
+CLAUDE_CODE = "@anthropic-ai/claude-code"
+QWEN_CODE = "@qwen-code/qwen-code"
+PINNED_CLIS = {CLAUDE_CODE: "2.1.332", QWEN_CODE: "0.24.4"}   # npm package -> version
+
+# `make clis` installs the pinned CLIs into .agent-clis/ of a source checkout, and install_clis copies that
+# tree rather than asking npm again. An installed wheel has no checkout beside its packages: there this
+# path does not exist, and install_clis runs npm.
+CHECKOUT_CLIS = Path(__file__).resolve().parents[2] / ".agent-clis"
 CLAUDE_BIN = "node_modules/.bin/claude"
+QWEN_BIN = "node_modules/.bin/qwen"
 QWEN_ENTRY = "node_modules/@qwen-code/qwen-code/cli-entry.js"
 NODE_BIN_DIR = "node/bin"
 NODE_BIN = f"{NODE_BIN_DIR}/node"
 MIN_NODE_MAJOR = 20
-
-
-def pinned_versions(script: Path = INSTALL_SCRIPT) -> dict[str, str]:
-    """The versions tools/install_agent_clis.sh pins: the one place they are written down."""
-    try:
-        text = script.read_text()
-    except OSError as e:
-        raise HarnessInstallError(f"cannot read the pinned CLI versions: {e}") from None
-    found = dict(re.findall(r"^(CLAUDE_CODE_VERSION|QWEN_CODE_VERSION)=(\S+)$", text, re.M))
-    if len(found) != 2:
-        raise HarnessInstallError(f"{script} no longer pins CLAUDE_CODE_VERSION and QWEN_CODE_VERSION")
-    return found
 
 
 def _output(argv: list[str], timeout: float = 60) -> str | None:
@@ -54,9 +53,13 @@ def _output(argv: list[str], timeout: float = 60) -> str | None:
 def clis_ready(clis: Path) -> bool:
     """Both CLIs answer with the pinned versions (asked, not read from package.json: a blocked
     postinstall leaves Claude Code's package.json beside a stub)."""
-    versions = pinned_versions()
-    return (_output([str(clis / CLAUDE_BIN), "--version"]) == f"{versions['CLAUDE_CODE_VERSION']} (Claude Code)"
-            and _output(["node", str(clis / QWEN_ENTRY), "--version"]) == versions["QWEN_CODE_VERSION"])
+    return (_output([str(clis / CLAUDE_BIN), "--version"]) == f"{PINNED_CLIS[CLAUDE_CODE]} (Claude Code)"
+            and _output(["node", str(clis / QWEN_ENTRY), "--version"]) == PINNED_CLIS[QWEN_CODE])
+
+
+def pinned_cli_packages() -> list[str]:
+    """The npm install arguments of the pinned CLIs: `package@version`."""
+    return [f"{package}@{version}" for package, version in PINNED_CLIS.items()]
 
 
 def place_atomically(dest: Path, build: Callable[[Path], None], ready: Callable[[Path], bool]) -> None:
@@ -84,24 +87,19 @@ def place_atomically(dest: Path, build: Callable[[Path], None], ready: Callable[
 
 
 def install_clis(tools_dir: Path) -> Path:
-    """TOOLS/clis at the pinned versions: a copy of the repository's `make clis` install when that one is
-    right (reflinked where the filesystem can), else a fresh npm install through the pinning script."""
+    """TOOLS/clis at the pinned versions: a copy of the checkout's `make clis` install when that one is
+    right (reflinked where the filesystem can), else a fresh npm install."""
     dest = tools_dir / "clis"
     if clis_ready(dest):
         return dest
 
     def build(tmp: Path) -> None:
-        if clis_ready(REPO_CLIS):
-            r = subprocess.run(["cp", "-a", "--reflink=auto", f"{REPO_CLIS}/.", str(tmp)], capture_output=True,
+        if clis_ready(CHECKOUT_CLIS):
+            r = subprocess.run(["cp", "-a", "--reflink=auto", f"{CHECKOUT_CLIS}/.", str(tmp)], capture_output=True,
                                text=True)
             if r.returncode == 0:
                 return
-        if not INSTALL_SCRIPT.exists():
-            raise HarnessInstallError(f"{INSTALL_SCRIPT} is missing and {REPO_CLIS} holds no pinned install")
-        r = subprocess.run(["bash", str(INSTALL_SCRIPT), str(tmp)], capture_output=True, text=True, timeout=1800)
-        if r.returncode != 0:
-            raise HarnessInstallError(f"installing the agent CLIs into {dest} failed: "
-                                      f"{(r.stderr or r.stdout).strip()[-2000:]}")
+        npm_install(tmp, pinned_cli_packages(), dest)
     place_atomically(dest, build, clis_ready)
     return dest
 
@@ -149,21 +147,24 @@ def install_node(tools_dir: Path) -> Path:
     return dest / "bin/node"
 
 
-def install_npm_package(dest: Path, package: str, ready: Callable[[Path], bool]) -> None:
-    """`npm install PACKAGE` into dest (its own prefix); the error names the package and npm's answer."""
-    if ready(dest):
-        return
+def npm_install(prefix: Path, packages: Sequence[str], dest: Path) -> None:
+    """`npm install PACKAGES` into prefix, the build directory of dest; errors name dest and npm's answer."""
+    what = " ".join(packages)
     npm = shutil.which("npm")
     if npm is None:
-        raise HarnessInstallError(f"npm is missing: cannot install {package} into {dest} (install Node.js and npm)")
+        raise HarnessInstallError(f"npm is missing: cannot install {what} into {dest} (install Node.js and npm)")
+    r = subprocess.run([npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", "--save-exact",
+                        "--loglevel=error", *packages], capture_output=True, text=True, timeout=1800)
+    if r.returncode != 0:
+        raise HarnessInstallError(f"npm could not install {what} into {dest}: "
+                                  f"{(r.stderr or r.stdout).strip()[-2000:]}")
 
-    def build(tmp: Path) -> None:
-        r = subprocess.run([npm, "install", "--prefix", str(tmp), "--no-audit", "--no-fund", "--save-exact",
-                            "--loglevel=error", package], capture_output=True, text=True, timeout=1800)
-        if r.returncode != 0:
-            raise HarnessInstallError(f"npm could not install {package} into {dest}: "
-                                      f"{(r.stderr or r.stdout).strip()[-2000:]}")
-    place_atomically(dest, build, ready)
+
+def install_npm_package(dest: Path, package: str, ready: Callable[[Path], bool]) -> None:
+    """`npm install PACKAGE` into dest (its own prefix), unless dest is ready already."""
+    if ready(dest):
+        return
+    place_atomically(dest, lambda tmp: npm_install(tmp, [package], dest), ready)
 
 
 def install_file(source: Path, dest: Path) -> None:
@@ -180,3 +181,19 @@ def install_file(source: Path, dest: Path) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`make clis` (tools/install_agent_clis.sh): the pinned CLIs into DIR, then the paths of the two binaries."""
+    p = argparse.ArgumentParser(prog="install_agent_clis.sh", description=main.__doc__)
+    p.add_argument("dir", metavar="DIR", type=Path, help="the install's own directory (an npm prefix)")
+    dest = p.parse_args(argv).dir.resolve()
+    if not clis_ready(dest):
+        try:
+            place_atomically(dest, lambda tmp: npm_install(tmp, pinned_cli_packages(), dest), clis_ready)
+        except HarnessInstallError as e:
+            print(f"install_agent_clis: {e}", file=sys.stderr)
+            return 1
+    print(dest / CLAUDE_BIN)
+    print(dest / QWEN_BIN)
+    return 0

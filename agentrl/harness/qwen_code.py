@@ -9,7 +9,15 @@ import json
 import math
 from pathlib import Path
 
-from .base import AgentCommand, HarnessRun, Trajectory, argv_size_warnings, compaction_warnings, with_overrides
+from .base import (
+    AgentCommand,
+    HarnessRun,
+    Trajectory,
+    WireProtocol,
+    argv_size_warnings,
+    compaction_warnings,
+    with_overrides,
+)
 from .install import NODE_BIN, QWEN_ENTRY, install_clis, install_node
 from .prompts import prompt_and_files
 from .stream_json import read_stream_json
@@ -56,7 +64,7 @@ def settings(run: HarnessRun) -> dict:
 
 class QwenCode:
     name = "qwen_code"
-    protocol = "openai"
+    protocol: WireProtocol = "openai"
 
     def install(self, tools_dir: Path) -> None:
         install_clis(tools_dir)

@@ -54,7 +54,7 @@ def read_stream_json(stdout: bytes) -> Trajectory:
             # upper bound, used when there is no `result` line to give num_turns.
             turns += 1
             tool_calls += sum(1 for b in blocks if b.get("type") == "tool_use")
-            texts = [b.get("text") for b in blocks if b.get("type") == "text" and isinstance(b.get("text"), str)]
+            texts = [text for b in blocks if b.get("type") == "text" and isinstance(text := b.get("text"), str)]
             if texts:
                 last_text = "".join(texts)
     if result is None:

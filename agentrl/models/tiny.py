@@ -88,8 +88,10 @@ def make_tokenizer(out_dir: Path, *, vocab_size: int = 4000) -> None:
     """Write a Qwen2Tokenizer directory (tokenizer.json, tokenizer_config.json, chat_template.jinja)."""
     from transformers import Qwen2Tokenizer
 
+    # transformers annotates unk_token `str`; None (no unknown token: byte-level BPE needs none) is what it takes
     tokenizer = Qwen2Tokenizer(tokenizer_object=train_tokenizer(vocab_size), eos_token=EOS_TOKEN, pad_token=PAD_TOKEN,
-                               unk_token=None, bos_token=None, model_max_length=MAX_POSITIONS)
+                               unk_token=None, bos_token=None,  # type: ignore[arg-type]
+                               model_max_length=MAX_POSITIONS)
     tokenizer.chat_template = chat_template()
     tokenizer.save_pretrained(str(out_dir))
 
@@ -182,8 +184,11 @@ def render_chat(messages: list[dict], *, tools: list[dict] | None = None, add_ge
     """The chat as text, rendered by transformers exactly as `apply_chat_template(..., tokenize=False)` would."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    rendered, _ = render_jinja_template(conversations=[messages], tools=tools, chat_template=chat_template(),
-                                        add_generation_prompt=add_generation_prompt)
+    # transformers annotates the result `str`; it is (rendered conversations, generation indices). Its `tools`
+    # is an invariant list[dict | Callable], which a list[dict] is not.
+    rendered, _ = render_jinja_template(  # type: ignore[str-unpack]
+        conversations=[messages], tools=tools,  # type: ignore[arg-type]
+        chat_template=chat_template(), add_generation_prompt=add_generation_prompt)
     return rendered[0]
 
 

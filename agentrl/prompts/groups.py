@@ -11,7 +11,7 @@ trainer's, naming both hashes, before a worker claims anything of the rollout.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -20,8 +20,8 @@ from hpc.validation import validate_section
 
 from .source import PromptSource, rows_fingerprint
 
-PAYLOAD_KIND = "agentrl.rollout-groups"
-PAYLOAD_VERSION = 1
+PAYLOAD_KIND: Final = "agentrl.rollout-groups"
+PAYLOAD_VERSION: Final = 1
 
 
 class RolloutGroupsError(ValueError):

@@ -153,8 +153,8 @@ def load_prompt_rows(path: Path | str) -> list[dict[str, Any]]:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise PromptDataError(f"{path}:{line}: not UTF-8 (byte {e.start} of the file)") from None
+        bad_line = data.count(b"\n", 0, e.start) + 1
+        raise PromptDataError(f"{path}:{bad_line}: not UTF-8 (byte {e.start} of the file)") from None
     rows = []
     # split("\n"), not splitlines(): U+2028 and friends are valid inside a JSON string, not line ends.
     for number, line in enumerate(text.split("\n"), start=1):

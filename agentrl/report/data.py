@@ -11,7 +11,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from hpc.records import RecordError
 from hpc.runlayout import RunLayout
@@ -33,7 +33,7 @@ _PASS_KEY = re.compile(r"^pass@(\d+)$")
 _EVAL_DIR = re.compile(r"^iter_(0|[1-9][0-9]*)$")   # as RunLayout.eval_dir names them
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 

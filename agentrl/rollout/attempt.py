@@ -4,6 +4,11 @@ Failures split in two. An infrastructure failure (the sandbox did not boot, the 
 down, the grader crashed) raises `InfraError`: the pool fails the claim and the ledger retries the
 attempt within its bound; it is never trained as reward 0. An agent failure (an empty patch, failing
 tests, a crashed agent) is a real outcome: its samples carry the real reward.
+
+Timing: `on_span(name, start, end)` (time.monotonic seconds), if given, hears each of ATTEMPT_SPANS
+as it ends (of an attempt that raises, those before). boot, agent and grade start before their bound
+is taken, as the timings in the samples' metadata do (`AttemptMetadata.boot_s` is boot's length); *_queue is the wait
+at that bound alone; teardown is the sandboxes stopping after grading.
 """
 
 from __future__ import annotations
@@ -14,15 +19,12 @@ import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from hpc.buffer import Sample
 from hpc.images.cache import ImageCache
 from hpc.sandbox.base import SandboxError
 from hpc.sandbox.cgroups import unenforced_message
@@ -32,6 +34,7 @@ from ..harness import get_harness
 from ..harness.base import HarnessRun
 from ..harness.empty_patch import classify_empty_patch, decide
 from ..harness.prompts import PROBLEM_FILE
+from ..sample import AttemptMetadata, Sample
 from ..swe import episode
 from ..swe.episode import grade_attempt
 from ..swe.loaded import LoadedTask, materialize
@@ -41,6 +44,13 @@ from .config import PoolConfig
 log = logging.getLogger("agentrl.pool")
 TOOLS_IN_SANDBOX = "/opt/agentrl/tools"
 ADAPTER_PORT = 8000
+ATTEMPT_SPANS = ("boot_queue", "boot", "agent_queue", "agent", "grade_queue", "grade", "teardown")
+
+SpanSink = Callable[[str, float, float], None]     # (name, start, end), time.monotonic seconds
+
+
+def no_span(name: str, start: float, end: float) -> None:
+    """The SpanSink of an untimed attempt."""
 
 
 class InfraError(Exception):
@@ -64,28 +74,12 @@ class PoolContext:
 class AttemptOutcome:
     samples: list[Sample]
     reward: float
-    metadata: dict[str, Any]
-    timings: dict[str, float] = field(default_factory=dict)
-
-
-def buffer_samples(result: Mapping[str, Any], *, reward: float, group: int, attempt: int,
-                   metadata: Mapping[str, Any]) -> list[Sample]:
-    """The adapter's finished session as buffer samples, each with the attempt's reward and metadata."""
-    out = []
-    for s in result["samples"]:
-        versions = s.get("weight_versions")
-        out.append(Sample(tokens=np.asarray(s["tokens"], np.int32), response_length=s["response_length"],
-                          loss_mask=np.asarray(s["loss_mask"], np.uint8),
-                          rollout_log_probs=np.asarray(s["rollout_log_probs"], np.float32), reward=reward,
-                          status="completed", group_index=group, attempt=attempt,
-                          metadata={**metadata, "turns": s["turns"], "trained_tokens": s["trained_tokens"],
-                                    "weight_version": versions[1] if versions else None,
-                                    "truncated": s["truncated"], "ill_formed_turns": s["ill_formed_turns"]}))
-    return out
+    metadata: AttemptMetadata
+    timings: dict[str, float] = field(default_factory=dict)     # the phases' lengths, unrounded
 
 
 async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt: int,
-                      sampling: Mapping[str, Any]) -> AttemptOutcome:
+                      sampling: Mapping[str, Any], on_span: SpanSink = no_span) -> AttemptOutcome:
     """One attempt, its model sampled with `sampling` (the rollout's temperature, a per-attempt seed)."""
     cfg, spec = ctx.cfg, task.spec
     harness = get_harness(cfg.harness)
@@ -100,6 +94,7 @@ async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt
         async with AsyncExitStack() as stack:
             t0 = time.monotonic()
             async with ctx.boot:
+                on_span("boot_queue", t0, time.monotonic())
                 repo = materialize(task.testbed, work / "repo") if task.testbed else None
                 try:
                     sb = task_sandbox(spec, runtime=cfg.runtime, cache=ctx.cache, workdir_source=repo,
@@ -112,7 +107,7 @@ async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt
                     await episode.baseline(sb, spec, restorable=cfg.grading == "same")
                 except SandboxError as e:
                     raise InfraError(f"sandbox: {e}") from None
-            timings["boot_s"] = time.monotonic() - t0
+            timings["boot_s"] = _span(on_span, "boot", t0)
 
             session = ctx.adapter.sessions.open(sampling=dict(sampling),
                                                 metadata={"group": group, "attempt": attempt, "task": spec.instance_id})
@@ -124,24 +119,28 @@ async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt
                 tools_dir=TOOLS_IN_SANDBOX, extra_args=tuple(cfg.extra_args), extra_env=dict(cfg.extra_env)))
             t1 = time.monotonic()
             async with ctx.agents:
+                on_span("agent_queue", t1, time.monotonic())
                 for path, data in command.files.items():
                     await sb.write_file(path, data, user="agent")
                 run = await episode.run_agent(sb, spec, command.argv, env=command.env)
-            timings["agent_s"] = time.monotonic() - t1
+            timings["agent_s"] = _span(on_span, "agent", t1)
             trajectory = harness.read_trajectory(run.stdout, run.stderr)
 
             t2 = time.monotonic()
             async with ctx.boot:
+                on_span("grade_queue", t2, time.monotonic())
                 try:
                     diff = await episode.patch(sb, spec)
                     grade = await _grade(ctx, task, spec, sb, diff, work)
                 except SandboxError as e:
                     raise InfraError(f"grading: {e}") from None
-            timings["grade_s"] = time.monotonic() - t2
+            timings["grade_s"] = _span(on_span, "grade", t2)
+            t3 = time.monotonic()
+        _span(on_span, "teardown", t3)     # the stack's exit: the agent's sandbox stopped
 
-        result = ctx.adapter.sessions.finish(key)
+        finished = ctx.adapter.sessions.finish(key)
         key = None
-        stats = result["stats"]
+        stats = finished.stats
         if run.exit_code != 0 and not stats["turns"]:
             # It never reached the model: a CLI that cannot start (a broken tools install, an image it
             # cannot run in) is not the agent's doing, and there would be nothing to train on anyway.
@@ -153,16 +152,25 @@ async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt
         empty = classify_empty_patch(run.exit_code, not diff.strip(), trajectory)
         if decide(cfg.empty_patch_policy, empty) == "retry":
             raise InfraError(f"empty patch ({empty.value}) and empty_patch_policy=abort")
-        metadata = {"harness": cfg.harness, "task": spec.instance_id, "exit_code": run.exit_code,
-                    "agent_timed_out": run.timed_out, "empty_patch": empty.value, "patch_bytes": len(diff),
-                    "drift": stats["drift"], "branches": stats["branches"], "turns": stats["turns"],
-                    "tool_calls": trajectory.tool_calls, **{k: round(v, 3) for k, v in timings.items()}}
-        samples = buffer_samples(result, reward=grade.reward, group=group, attempt=attempt, metadata=metadata)
+        metadata = AttemptMetadata(
+            harness=cfg.harness, task=spec.instance_id, exit_code=run.exit_code, agent_timed_out=run.timed_out,
+            empty_patch=empty, patch_bytes=len(diff), drift=stats["drift"], branches=stats["branches"],
+            turns=stats["turns"], tool_calls=trajectory.tool_calls, boot_s=round(timings["boot_s"], 3),
+            agent_s=round(timings["agent_s"], 3), grade_s=round(timings["grade_s"], 3))
+        samples = [chain.to_sample(reward=grade.reward, group_index=group, attempt=attempt, metadata=metadata)
+                   for chain in finished.chains]
         return AttemptOutcome(samples, grade.reward, metadata, timings)
     finally:
         if key is not None:
             ctx.adapter.sessions.drop(key)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _span(on_span: SpanSink, name: str, start: float) -> float:
+    """Hand on the span from `start` to now; its length."""
+    end = time.monotonic()
+    on_span(name, start, end)
+    return end - start
 
 
 def _report_limits(ctx: PoolContext, sb) -> None:

@@ -23,32 +23,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpc.environment import RoleEnv
     from hpc.records import RecordError
     from hpc.runlayout import RunDirError, RunLayout
 
-    from ..logs import setup_logging
     from ..prompts.groups import RolloutGroupsError
-    from ..run_config import RunConfigError, role_config
+    from ..run_config import RunConfigError, role_context
     from .config import PoolConfig, PoolConfigError
     from .worker import PoolWorker
 
-    setup_logging()
-    role = RoleEnv.from_environ()
-    run_dir = args.run_dir or (Path(role.run_dir) if role.run_dir else None)
-    if run_dir is None:
-        print("agentrl pool: give RUN_DIR (or run it as a role of `agentrl launch`, which sets AGENTRL_RUN_DIR)",
-              file=sys.stderr)
-        return 2
     try:
-        layout = RunLayout.open(run_dir)
-        run_config = role_config(run_dir, args.config)
-        train, pool = run_config.section("train"), run_config.pool or PoolConfig()   # every pool key has a default
+        ctx = role_context(args.run_dir, args.config)
+        layout = RunLayout.open(ctx.run_dir)
+        train, pool = ctx.config.section("train"), ctx.config.pool or PoolConfig()   # every pool key has a default
     except (RunConfigError, RunDirError, RecordError, OSError) as e:
         print(f"agentrl pool: {e}", file=sys.stderr)
         return 2
-    worker = PoolWorker(layout, pool, train.model, train.prompt_data, index=role.task_index,
-                        liveness_file=role.heartbeat_file)
+    worker = PoolWorker(layout, pool, train.model, train.prompt_data, index=ctx.env.task_index,
+                        liveness_file=ctx.env.heartbeat_file)
 
     async def main() -> None:
         stop = asyncio.Event()

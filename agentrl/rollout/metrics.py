@@ -16,10 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from hpc.buffer import Sample
+from ..sample import Sample
 
 log = logging.getLogger("agentrl.metrics")
-TIMINGS = ("boot_s", "agent_s", "grade_s")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -63,23 +62,24 @@ def rollout_report(samples: Sequence[Sample], *, ks: Sequence[int] = (1,), rollo
             log.error("pass@%d: %d groups have fewer than %d attempts", k, len(groups) - len(usable), k)
         if usable:
             out[f"pass@{k}"] = float(np.mean([pass_at_k(len(r), sum(x > 0 for x in r), k) for r in usable]))
-    empty = Counter(s.metadata.get("empty_patch") for s in attempts.values())
+    empty = Counter(s.metadata.empty_patch.value if s.metadata.empty_patch else None for s in attempts.values())
     if None in empty:
-        errors += empty.pop(None)
-        log.error("%d attempts carry no empty_patch label", sum(1 for s in attempts.values()
-                                                                 if "empty_patch" not in s.metadata))
+        unlabelled = empty.pop(None)
+        errors += unlabelled
+        log.error("%d attempts carry no empty_patch label", unlabelled)
     if empty:
         triggered = sum(n for cls, n in empty.items() if cls != "not_triggered")
         out["empty_patch_rate"] = triggered / len(attempts)
         out.update({f"empty_patch/{cls}": n for cls, n in sorted(empty.items()) if cls != "not_triggered"})
     drift: Counter = Counter()
     for s in attempts.values():
-        drift.update(s.metadata.get("drift") or {})
+        drift.update(s.metadata.drift)
     out.update({f"drift/{k}": v for k, v in sorted(drift.items())})
-    for name in TIMINGS:
-        values = [s.metadata[name] for s in attempts.values() if name in s.metadata]
-        if values:
-            out[f"time/{name}_mean"] = float(np.mean(values))
+    timings: dict[str, list[float]] = {}
+    for s in attempts.values():
+        for name, seconds in s.metadata.timings().items():
+            timings.setdefault(name, []).append(seconds)
+    out.update({f"time/{name}_mean": float(np.mean(values)) for name, values in timings.items()})
     if rollout_s:
         out["attempts_per_hour"] = len(attempts) * 3600.0 / rollout_s
         out["trained_tokens_per_s"] = out["trained_tokens"] / rollout_s

@@ -11,6 +11,12 @@ attempts concurrently: at most `max_booting` sandboxes booting or grading and `m
 at once. Each attempt's lease is renewed while it runs; a lost lease cancels the attempt (another
 worker has it). One bad attempt never stops the worker: an infrastructure failure fails the claim
 (the ledger retries it within max_tries), anything unexpected is logged and failed the same way.
+
+Timing (benchmarks/rollout_bench.py): `on_span(claim, name, start, end)`, in time.monotonic seconds,
+hears each of SPANS of every attempt as it ends: its claim, the whole run_attempt, the phases inside it
+(agentrl.rollout.attempt.ATTEMPT_SPANS), the shard write and the commit. claim, shard and commit are
+timed in the thread that does the work, and heard there, so that a span is the work and not the
+hand-off to a thread: on_span must be thread-safe. Unset, the spans cost a few clock reads per attempt.
 """
 
 from __future__ import annotations
@@ -20,10 +26,14 @@ import logging
 import os
 import shutil
 import socket
+import time
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Any, TypeVar
 
 from hpc import liveness
 from hpc.buffer import write_shard
@@ -39,13 +49,17 @@ from ..adapter.service import Adapter, AdapterConfig
 from ..harness import get_harness
 from ..prompts.groups import RolloutGroups, check_rows
 from ..prompts.source import load_prompt_rows, rows_fingerprint
+from ..sample import SAMPLE_CODEC
 from ..swe.loaded import LoadedTask, load_record
 from ..swe.task import TaskSpecError
-from .attempt import InfraError, PoolContext, run_attempt
+from .attempt import ATTEMPT_SPANS, InfraError, PoolContext, SpanSink, no_span, run_attempt
 from .config import PoolConfig
 
 log = logging.getLogger("agentrl.pool")
 REGISTRY_BEAT_S = 5.0          # the registry counts a service alive for 30 s after its last beat
+SPANS = ("claim", "attempt", *ATTEMPT_SPANS, "shard", "commit")
+ClaimSpanSink = Callable[[Claim, str, float, float], None]     # (claim, name, start, end)
+T = TypeVar("T")
 
 
 @dataclass
@@ -58,6 +72,7 @@ class PoolWorker:
     index: int = 0
     counts: Counter = field(default_factory=Counter)
     liveness_file: Path | None = None     # touched while the worker's event loop runs (hpc.liveness)
+    on_span: ClaimSpanSink | None = None  # hears each of SPANS (see above)
 
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.run.ledger_dir)
@@ -125,8 +140,9 @@ class PoolWorker:
             ctx = PoolContext(cfg, server.adapter, socket_path, self.tools_dir, asyncio.Semaphore(cfg.max_booting),
                               asyncio.Semaphore(cfg.max_agents),
                               ImageCache(cfg.image_cache) if cfg.image_cache else None)
+            on_claim = None if self.on_span is None else partial(_claim_span, self.on_span)
             loop = ClaimLoop(self.ledger, self.worker_id, cfg.lease_s, cfg.poll_s, cfg.max_agents + cfg.max_booting,
-                             check=self.check_rollout, counts=self.counts)
+                             check=self.check_rollout, counts=self.counts, on_claim=on_claim)
             try:
                 await loop.run(lambda claim: self._attempt(ctx, claim), stop=stop, max_claims=max_attempts)
             finally:
@@ -151,8 +167,11 @@ class PoolWorker:
             log.error("%s: the task's record is invalid: %s", where, e)
             await self._fail(claim, f"task: {e}")
             return
+        span: SpanSink = no_span if self.on_span is None else partial(self.on_span, claim)
+        started = time.monotonic()
         try:
-            outcome = await run_attempt(ctx, task, group=claim.group, attempt=claim.attempt, sampling=sampling)
+            outcome = await run_attempt(ctx, task, group=claim.group, attempt=claim.attempt, sampling=sampling,
+                                        on_span=span)
         except InfraError as e:
             self.counts["infra_failures"] += 1
             log.warning("%s: infrastructure failure, to be retried: %s", where, e)
@@ -163,12 +182,19 @@ class PoolWorker:
             log.error("%s: unexpected error, to be retried:\n%s", where, traceback.format_exc())
             await self._fail(claim, f"error: {e!r}")
             return
+        span("attempt", started, time.monotonic())
         try:
-            ref = await asyncio.to_thread(write_shard, self.run.buffer_dir, claim, outcome.samples)
-            committed = await asyncio.to_thread(self.ledger.commit, claim, ref)
+            ref = await asyncio.to_thread(_timed, span, "shard", write_shard, self.run.buffer_dir, claim,
+                                          outcome.samples, SAMPLE_CODEC)
+            committed = await asyncio.to_thread(_timed, span, "commit", self.ledger.commit, claim, ref)
         except StaleGeneration as e:
             committed = False
             log.warning("%s: not committed: %s", where, e)
+        except OSError as e:     # the shared filesystem refused the shard or the commit: another try may land
+            self.counts["io_errors"] += 1
+            log.error("%s: the shard or its commit could not be written, to be retried: %s", where, e)
+            await self._fail(claim, f"io: {e}")
+            return
         self.counts["committed" if committed else "stale"] += 1
         self.counts["samples"] += len(outcome.samples)
         log.info("%s: reward %g, %d samples, %s", where, outcome.reward, len(outcome.samples),
@@ -176,3 +202,16 @@ class PoolWorker:
 
     async def _fail(self, claim: Claim, reason: str) -> None:
         await asyncio.to_thread(self.ledger.fail, claim, reason[:2000])   # a superseded claim's fail is ignored
+
+
+def _claim_span(on_span: ClaimSpanSink, claim: Claim, start: float, end: float) -> None:
+    on_span(claim, "claim", start, end)
+
+
+def _timed(span: SpanSink, name: str, work: Callable[..., T], *args: Any) -> T:
+    """`work(*args)`, its time handed to `span` as `name` (raised or not)."""
+    start = time.monotonic()
+    try:
+        return work(*args)
+    finally:
+        span(name, start, time.monotonic())

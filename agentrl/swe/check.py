@@ -48,13 +48,14 @@ class Where:
     scratch: str | None = None
 
 
-async def _attempt(task: LoadedTask, repo: Path | None, oracle: bool, where: Where) -> float:
+async def _attempt(task: LoadedTask, repo: Path | None, solution: bytes | None, where: Where) -> float:
+    """The reward of one attempt: the oracle's, running `solution` (solve.sh), or with None the no-op's."""
     spec = task.spec
     async with task_sandbox(spec, runtime=where.runtime, cache=where.cache, workdir_source=repo,
                             scratch_dir=where.scratch) as sb:
         await episode.baseline(sb, spec)
-        if oracle:
-            await sb.write_file("/solution/solve.sh", task.solution, mode=0o755)
+        if solution is not None:
+            await sb.write_file("/solution/solve.sh", solution, mode=0o755)
             r = await episode.run_agent(sb, spec, ["bash", "/solution/solve.sh"])
             if r.exit_code != 0:
                 raise SandboxError(f"solve.sh exited with {r.exit_code}: {r.stderr.decode(errors='replace')[-500:]}")
@@ -65,7 +66,9 @@ async def check_task(task: LoadedTask, where: Where = Where()) -> CheckRow:
     tmp = Path(tempfile.mkdtemp(prefix="task-", dir=where.scratch))
     try:
         repo = materialize(task.testbed, tmp / "repo") if task.testbed else None
-        results, times, problems = {}, {}, []
+        results: dict[str, float | None] = {}
+        times: dict[str, float] = {}
+        problems: list[str] = []
         for mode in ("oracle", "noop"):
             t0 = time.monotonic()
             if mode == "oracle" and task.solution is None:
@@ -73,15 +76,15 @@ async def check_task(task: LoadedTask, where: Where = Where()) -> CheckRow:
                 problems.append("no solution/solve.sh")
                 continue
             try:
-                results[mode] = await _attempt(task, repo, mode == "oracle", where)
+                results[mode] = await _attempt(task, repo, task.solution if mode == "oracle" else None, where)
             except SandboxError as e:
                 results[mode] = None
                 problems.append(f"{mode}: {e}")
             times[mode] = time.monotonic() - t0
-        if results.get("oracle") is not None and results["oracle"] < 1.0:
-            problems.append(f"oracle reward {results['oracle']:g}: the solution does not pass")
-        if results.get("noop") is not None and results["noop"] > 0.0:
-            problems.append(f"no-op reward {results['noop']:g}: the untouched repository already passes")
+        if (oracle := results.get("oracle")) is not None and oracle < 1.0:
+            problems.append(f"oracle reward {oracle:g}: the solution does not pass")
+        if (noop := results.get("noop")) is not None and noop > 0.0:
+            problems.append(f"no-op reward {noop:g}: the untouched repository already passes")
         return CheckRow(task.spec.instance_id, results.get("oracle"), results.get("noop"),
                         round(times.get("oracle", 0.0), 2), round(times.get("noop", 0.0), 2), "; ".join(problems))
     finally:

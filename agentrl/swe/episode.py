@@ -146,7 +146,7 @@ async def grade(sb: Sandbox, spec: TaskSpec, tests: Mapping[str, bytes],
         # no reward file it left is the verifier's verdict.
         return Grade(0.0, r.exit_code, r.stdout + r.stderr + b"\n[agentrl] the verifier was killed by a signal",
                      time.monotonic() - t0, False)
-    files = {}
+    files: dict[str, str | None] = {}
     for name in ("reward.txt", "reward.json"):
         try:
             files[name] = (await sb.read_file(f"{LOGS_DIR}/{name}")).decode()

@@ -28,15 +28,17 @@ from pydantic import ValidationError
 from hpc.fsio import write_atomic
 from hpc.images.dockerfile import DOCKERFILE, DockerfileError, build_key, built_image_name, plan_dockerfile
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10 (setup.cfg allows it): the same parser, from PyPI
+else:  # Python 3.10 (setup.cfg allows it): the same parser, from PyPI
     import tomli as tomllib
 
 from .task import HOST_IMAGE, TaskSpec, encode_payload
 from .task_tree import HarborTaskError, TaskTree
 
-BUNDLED_TASKS = Path(__file__).resolve().parents[2] / "tasks"
+# Eight tiny Harbor tasks shipped as package data: `agentrl convert harbor` and `agentrl tasks check` take this
+# directory like any other (python -c "from agentrl.swe.harbor import BUNDLED_TASKS; print(BUNDLED_TASKS)").
+BUNDLED_TASKS = Path(__file__).resolve().with_name("bundled_tasks")
 
 # Where Harbor puts things inside the environment (harbor EnvironmentPaths):
 # the verifier uploads tests/ to /tests and runs `bash /tests/test.sh`, which
@@ -86,11 +88,16 @@ def _size_mb(text: str, path: Path, key: str = "memory") -> int:
         raise HarborTaskError(path, f"[environment] {key} {text!r} is not a size like '2G' or '512M'") from None
 
 
+def _executable(tree: TaskTree, path: Path) -> bool:
+    real = tree.resolve(path)
+    return real is not None and bool(os.stat(real).st_mode & 0o111)
+
+
 def _environment_build(tree: TaskTree, env_dir: Path, check: str | None) -> dict[str, Any]:
     """The task's environment/ as a build context: its key, its files (payloads), which are executable,
     and the check its image must pass."""
     files = tree.files_under(env_dir)
-    executable = sorted(rel for rel in files if os.stat(tree.resolve(env_dir / rel)).st_mode & 0o111)
+    executable = sorted(rel for rel in files if _executable(tree, env_dir / rel))
     return {"key": build_key(files, executable, check=check),
             "files": {rel: encode_payload(data) for rel, data in files.items()},
             "executable": executable, "check": check}
@@ -336,8 +343,8 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"{args.out}: cannot write ({e.strerror})", file=sys.stderr)
         return 1
-    for e in result.errors:
-        print(f"{'skipped' if args.on_error == 'skip' else 'error'}: {e}", file=sys.stderr)
+    for error in result.errors:
+        print(f"{'skipped' if args.on_error == 'skip' else 'error'}: {error}", file=sys.stderr)
     if result.errors and args.on_error == "fail":
         print(f"{len(result.errors)} malformed task(s); {args.out} not written", file=sys.stderr)
         return 1

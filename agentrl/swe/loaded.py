@@ -9,7 +9,7 @@ The record is untrusted: every payload path is checked and no payload inflates p
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ def decode_payloads(given: Any, where: str) -> dict[str, bytes]:
     return out
 
 
-def load_record(record: dict[str, Any]) -> LoadedTask:
+def load_record(record: Mapping[str, Any]) -> LoadedTask:
     """A task from one record of the prompt data (what `agentrl convert harbor` writes).
 
     The record is untrusted: payload keys are written under a directory (the

@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from hpc.images.cache import CacheError, Entry, ImageCache, Verify
+from hpc.images.cache import CacheError, Entry, Format, ImageCache, Verify
 from hpc.images.dockerfile import BUILT_PREFIX
 from hpc.images.oci import ImageError
 from hpc.sandbox.base import Sandbox, SandboxError, SandboxSpec
@@ -24,7 +24,7 @@ from hpc.sandbox.policy import Limits
 from .episode import GRADER_DIRS
 from .task import HOST_IMAGE, Resources, TaskSpec
 
-_FORMAT = {"bwrap": "rootfs", "apptainer": "sif"}
+_FORMAT: dict[str, Format] = {"bwrap": "rootfs", "apptainer": "sif"}
 
 
 def resolve_image(image: str, runtime: Runtime, cache: ImageCache | None) -> str | None:
@@ -50,7 +50,7 @@ def _resolve(image: str, runtime: Runtime, cache: ImageCache | None
     # a registry reference, an OCI layout, an archive or a task's Dockerfile: built into the cache
     name = os.path.abspath(image) if os.path.exists(image) else image
     layered = cache.find(name, "layers") if cache is not None and runtime == "bwrap" else None
-    if layered is not None:
+    if layered is not None and cache is not None:
         try:
             dirs = tuple(map(str, cache.layer_dirs(layered)))
         except CacheError as e:

@@ -171,15 +171,17 @@ class TaskTree:
                     entries = sorted(it, key=lambda e: e.name)
             except OSError as e:
                 raise HarborTaskError(d, f"cannot be listed ({e.strerror})") from None
-            for e in entries:
-                p, r = d / e.name, f"{rel}{e.name}"
-                if e.name == "__pycache__":
+            for entry in entries:
+                p, r = d / entry.name, f"{rel}{entry.name}"
+                if entry.name == "__pycache__":
                     continue
-                if e.is_symlink():
-                    real_e = self.resolve(p)  # refuses a symlink out of the task
-                    is_dir = os.path.isdir(real_e)
+                if entry.is_symlink():
+                    resolved = self.resolve(p)  # refuses a symlink out of the task
+                    if resolved is None:        # removed since it was listed
+                        raise HarborTaskError(p, "is missing")
+                    real_e, is_dir = resolved, os.path.isdir(resolved)
                 else:
-                    real_e, is_dir = os.path.join(real_d, e.name), e.is_dir(follow_symlinks=False)
+                    real_e, is_dir = os.path.join(real_d, entry.name), entry.is_dir(follow_symlinks=False)
                 if is_dir:
                     walk(p, real_e, r + "/")
                 elif r not in skip:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from hpc.inference.cpu_server import Engine
 from hpc.inference.generation import GenerateRequest, generate_reply
@@ -89,7 +89,8 @@ class TeacherEngine(Engine):
         self.stop_id = self.tokenizer.convert_tokens_to_ids(self.tokenizer.eos_token)
 
     def generate(self, request: GenerateRequest, ticket: int) -> dict[str, Any]:
-        prompt = self.tokenizer.decode(list(request.input_ids), skip_special_tokens=False)
+        # transformers types decode's result str | list[str] for every input: one id list decodes to a str
+        prompt = cast(str, self.tokenizer.decode(list(request.input_ids), skip_special_tokens=False))
         message = self.teacher.reply(prompt, request.sampling.seed)
         ids = self.tokenizer.encode(assistant_text(message), add_special_tokens=False) + [self.stop_id]
         limit = request.sampling.max_new_tokens
@@ -97,7 +98,7 @@ class TeacherEngine(Engine):
             ids, finish = ids[:limit], {"type": "length", "length": limit}
         else:
             finish = {"type": "stop", "matched": self.stop_id}
-        text = self.tokenizer.decode(ids[:-1] if finish["type"] == "stop" else ids, skip_special_tokens=True)
+        text = cast(str, self.tokenizer.decode(ids[:-1] if finish["type"] == "stop" else ids, skip_special_tokens=True))
         return generate_reply(request, ids, [0.0] * len(ids), finish, text=text, weight_version=self.weight_version)
 
     def load_weights(self, model_path: str, weight_version: str | None) -> tuple[bool, str]:

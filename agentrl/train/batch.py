@@ -12,8 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from hpc.buffer import Sample
-
+from ..sample import Sample
 from .advantages import grpo_advantages
 from .schedule import assign_ranks, build_steps
 

@@ -134,10 +134,10 @@ def apply_retention(run: RunLayout, *, keep_last: int, keep_exports: str) -> Ret
     """Rank 0's pruning after a rollout's checkpoint and publish (retention_plan, on what is on disk)."""
     complete = {}
     for p in run.checkpoints_dir.glob("iter_*"):
-        n = p.name.removeprefix("iter_")
-        if n.isdigit() and (p / "trainer.json").is_file():
+        suffix = p.name.removeprefix("iter_")
+        if suffix.isdigit() and (p / "trainer.json").is_file():
             state = read_record(p / "trainer.json", TrainerState)
-            complete[int(n)] = (state.full, (p / "hf").is_dir())
+            complete[int(suffix)] = (state.full, (p / "hf").is_dir())
     published = run.published_weights()
     plan = retention_plan(complete, keep_last=keep_last, keep_exports=keep_exports,
                           evaluated={n for n in complete if (run.eval_dir(n) / "summary.json").is_file()},

@@ -22,27 +22,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpc.environment import RoleEnv
     from hpc.records import RecordError
     from hpc.runlayout import RunDirError, RunLayout
 
-    from ..logs import setup_logging
-    from ..run_config import RunConfigError, role_config
+    from ..run_config import RunConfigError, role_context
 
-    setup_logging()
-    role = RoleEnv.from_environ()
-    if args.run_dir is None:
-        if role.run_dir is None:
-            print("agentrl train: give RUN_DIR (or run it as a role of `agentrl launch`, which sets AGENTRL_RUN_DIR)",
-                  file=sys.stderr)
-            return 2
-        args.run_dir = Path(role.run_dir)
     try:
-        run_config = role_config(args.run_dir, args.config)
-        cfg = run_config.section("train")
+        ctx = role_context(args.run_dir, args.config)
+        cfg = ctx.config.section("train")
     except (RunConfigError, RunDirError, RecordError) as e:
         print(f"agentrl train: {e}", file=sys.stderr)
         return 2
+    run_dir = ctx.run_dir
+
     import torch
 
     from hpc.launch.distenv import detect, init_process_group
@@ -54,13 +46,13 @@ def run(args: argparse.Namespace) -> int:
     if env is not None and env.world_size > 1:
         init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     rank = env.rank if env else 0
-    if rank == 0 and not (args.run_dir / "run.yaml").exists():
-        RunLayout.create(args.run_dir, config=run_config.raw)
+    if rank == 0 and not (run_dir / "run.yaml").exists():
+        RunLayout.create(run_dir, config=ctx.config.raw)
     barrier()
-    state = Trainer(RunLayout.open(args.run_dir), cfg, liveness_file=role.heartbeat_file).train()
+    state = Trainer(RunLayout.open(run_dir), cfg, liveness_file=ctx.env.heartbeat_file).train()
     if rank == 0:
         print(f"trained {state.iteration} rollouts, {state.optimizer_steps} optimizer steps; "
-              f"latest checkpoint {args.run_dir / 'checkpoints' / f'iter_{state.iteration}'}", flush=True)
+              f"latest checkpoint {run_dir / 'checkpoints' / f'iter_{state.iteration}'}", flush=True)
     if env is not None and env.world_size > 1:
         torch.distributed.destroy_process_group()
     return 0

@@ -23,6 +23,7 @@ from typing import Any
 from hpc import liveness
 from hpc.buffer import read_rollout
 from hpc.fsio import write_atomic
+from hpc.inference.sglang import SGLangClient
 from hpc.ledger import Ledger
 from hpc.registry import Registry
 from hpc.runlayout import RunLayout
@@ -30,10 +31,12 @@ from hpc.runlayout import RunLayout
 from ..prompts.groups import RolloutGroups, open_rollout, rollout_payload
 from ..prompts.source import PromptSource, load_prompt_rows
 from ..rollout.metrics import rollout_report
+from ..sample import SAMPLE_CODEC
 from .batch import plan_steps, rollout_batch, shuffle_rewards
 from .checkpoint import TrainerState, apply_retention, load_latest, save_checkpoint
 from .config import TrainConfig
-from .publish import ColocatedInference, InferenceClient, publish_weights
+from .policy import Policy
+from .publish import ColocatedInference, publish_weights
 from .torch_backend import TorchPolicy, barrier, world
 from .tracking import NoTracker, Tracker, make_tracker
 
@@ -48,7 +51,7 @@ class Trainer:
     cfg: TrainConfig
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
-    inference_client: Callable[[str], InferenceClient] | None = None    # tests record the calls
+    inference_client: Callable[[str], SGLangClient] | None = None    # tests record the calls
     tracker: Tracker = field(default_factory=NoTracker)
     liveness_file: Path | None = None     # beaten from the loop: polls, steps, saves (hpc.liveness)
 
@@ -120,7 +123,7 @@ class Trainer:
 
     # ------------------------------------------------------------ the loop
 
-    def make_policy(self):
+    def make_policy(self) -> Policy:
         if self.cfg.backend == "megatron":
             from .megatron_backend import MegatronPolicy, init_model_parallel
 
@@ -150,7 +153,7 @@ class Trainer:
             self.tracker.close()
         return state
 
-    def one_rollout(self, r: int, source: PromptSource, policy: TorchPolicy, state: TrainerState) -> TrainerState:
+    def one_rollout(self, r: int, source: PromptSource, policy: Policy, state: TrainerState) -> TrainerState:
         cfg = self.cfg
         t0 = self.clock()
         self.open_rollout(r, source)
@@ -171,11 +174,11 @@ class Trainer:
                 colocated.resume(None, state.weight_version)
             raise
 
-    def _train_rollout(self, r: int, source: PromptSource, policy: TorchPolicy, state: TrainerState,
+    def _train_rollout(self, r: int, source: PromptSource, policy: Policy, state: TrainerState,
                        colocated: ColocatedInference | None, timing: dict[str, float]) -> TrainerState:
         cfg = self.cfg
         barrier()
-        groups = read_rollout(self.ledger, self.run.buffer_dir, r)     # the groups the close fixed
+        groups = read_rollout(self.ledger, self.run.buffer_dir, r, SAMPLE_CODEC)     # the groups the close fixed
         batch = rollout_batch(groups, std_normalize=cfg.std_normalize)
         metrics: dict[str, Any] = {"rollout": r, **timing}
         if self.rank == 0:
@@ -225,8 +228,8 @@ class Trainer:
         self._record(metrics)
         return state
 
-    def _client(self, url: str) -> InferenceClient:
-        return self.inference_client(url) if self.inference_client else InferenceClient(url, self.cfg.publish_timeout_s)
+    def _client(self, url: str) -> SGLangClient:
+        return self.inference_client(url) if self.inference_client else SGLangClient(url, self.cfg.publish_timeout_s)
 
     def inference_servers(self) -> list[str]:
         return [f"http://{s.host}:{s.port}" for s in self.registry.alive("inference") if s.port]

@@ -71,7 +71,7 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, loss
     clipped = ratio.clamp(1 - eps_clip, 1 + eps_clip_high) * advantages
     pg = -torch.minimum(unclipped, clipped)
     metrics: dict[str, Tensor] = {}
-    if tis_cap is not None:
+    if tis_cap is not None and rollout_logprobs is not None:     # both or neither: checked above
         tis = torch.where(counted, old_logprobs - rollout_logprobs, 0.0).exp().clamp(max=tis_cap).detach()
         pg = pg * tis
         metrics["tis"] = reduce(tis)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -47,7 +48,10 @@ def init_model_parallel(options: MegatronOptions) -> None:
 
 
 class MegatronPolicy:
+    """A Policy (agentrl/train/policy.py). megatron-core has no type information: its objects are Any here."""
+
     collective_io = True       # every rank saves and exports its own shard
+
     def __init__(self, model_dir: Path, cfg: TrainConfig, options: MegatronOptions | None = None):
         from megatron.core import parallel_state as mpu
         from megatron.core import tensor_parallel
@@ -79,13 +83,15 @@ class MegatronPolicy:
         self.ref = None
         if cfg.kl_coef > 0:
             self.ref = self._build(hf_state).requires_grad_(False).eval()
+        self.optimizer: _MegatronOptimizer | _CpuAdamW
         if self.cuda:
             self.model, self.optimizer = _megatron_training(self.module, cfg, self.options)
         else:
             self.model, self.optimizer = self.module, _CpuAdamW(self.module, cfg)
         self.steps = 0
 
-    def _build(self, hf_state: HFWeights) -> torch.nn.Module:
+    def _build(self, hf_state: HFWeights) -> Any:
+        """A megatron-core GPTModel (a torch Module with Megatron's sharded_state_dict), on self.device."""
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
         from megatron.core.transformer import TransformerConfig
@@ -246,7 +252,7 @@ class _CpuAdamW:
             for p in self.params:
                 dist.all_reduce(p.grad, group=mpu.get_data_parallel_group())
         # Replicated parameters (norms) count once, not once per tensor-parallel rank.
-        owned = [p.grad for p in self.params if param_is_not_tensor_parallel_duplicate(p)]
+        owned = [p.grad for p in self.params if p.grad is not None and param_is_not_tensor_parallel_duplicate(p)]
         squares = torch.nn.utils.get_total_norm(owned).square()
         dist.all_reduce(squares, group=mpu.get_tensor_model_parallel_group())
         norm = squares.sqrt()
@@ -281,7 +287,7 @@ class _CpuAdamW:
 class _MegatronOptimizer:
     """megatron-core's DistributedDataParallel and optimizer (CUDA): gradient buffers, clipping, sharded state."""
 
-    def __init__(self, ddp: torch.nn.Module, optimizer):
+    def __init__(self, ddp: Any, optimizer: Any):     # megatron-core's DistributedDataParallel and optimizer
         self.ddp, self.megatron = ddp, optimizer
 
     def zero_grad(self) -> None:
@@ -302,7 +308,7 @@ class _MegatronOptimizer:
         self.megatron.load_state_dict(state)
 
 
-def _megatron_training(module: torch.nn.Module, cfg: TrainConfig, options: MegatronOptions):
+def _megatron_training(module: Any, cfg: TrainConfig, options: MegatronOptions) -> tuple[Any, _MegatronOptimizer]:
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 

@@ -110,7 +110,8 @@ def hf_to_megatron(hf_state: Mapping[str, Tensor], hf: Any, *, tp_rank: int = 0,
             out[dst + mname] = shard(hf_state[src + hname], split)
         attn = src + "self_attn."
         for kind in ("weight", "bias"):
-            qkv = _fuse_qkv(*(hf_state[f"{attn}{p}_proj.{kind}"] for p in "qkv"), hf)
+            q, k, v = (hf_state[f"{attn}{p}_proj.{kind}"] for p in "qkv")
+            qkv = _fuse_qkv(q, k, v, hf)
             out[f"{dst}self_attention.linear_qkv.{kind}"] = shard(qkv, ROW_SPLIT)
         gate, up = (shard(hf_state[f"{src}mlp.{p}_proj.weight"], ROW_SPLIT) for p in ("gate", "up"))
         out[dst + "mlp.linear_fc1.weight"] = torch.cat([gate, up])

@@ -1,9 +1,10 @@
 """Weight publishing: every inference server reloads the new weights before the next rollout opens.
 
-Per server, over SGLang's HTTP API: pause generation, update weights from disk (the checkpoint's HF
-export) with the new weight_version, flush the prefix cache (its entries were computed by the old
-weights), continue; then the server must report the new version. Servers are reloaded in parallel,
-and a failure names the server and the step that failed.
+Per server, over SGLang's HTTP API (hpc.inference.sglang.SGLangClient): pause generation, update
+weights from disk (the checkpoint's HF export) with the new weight_version, flush the prefix cache
+(its entries were computed by the old weights), continue; then the server must report the new
+version. Servers are reloaded in parallel, and a failure names the server and the step that failed
+(a call that fails raises SGLangError; PublishError, one, is what publish_weights raises).
 
 Colocated (trainer and SGLang on the same GPUs): `ColocatedInference` releases the servers' GPU memory
 for training and takes it back afterwards. The caller closes the rollout first, so that no sandbox is
@@ -18,72 +19,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
+from hpc.inference.sglang import SGLangClient, SGLangError
 
 
-class PublishError(RuntimeError):
-    pass
+class PublishError(SGLangError):
+    """The new weights did not reach every server, or a server reports another version after the reload."""
 
 
-class InferenceClient:
-    def __init__(self, url: str, timeout_s: float = 600.0, transport: httpx.BaseTransport | None = None):
-        self.url = url.rstrip("/")
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, transport=transport)
-
-    def _post(self, path: str, body: dict[str, Any] | None = None, *, json_reply: bool = False) -> dict[str, Any]:
-        """POST; the reply's JSON. SGLang answers some calls in text (/flush_cache: "Cache flushed."): with
-        json_reply, a 200 that is not JSON is an error (a proxy's page proves nothing), else it is {}."""
-        try:
-            r = self._http.post(path, json=body or {})
-        except httpx.HTTPError as e:
-            raise PublishError(f"{self.url}{path}: {e!r}") from None
-        if r.status_code != 200:
-            raise PublishError(f"{self.url}{path} answered {r.status_code}: {r.text[:300]}")
-        try:
-            return r.json() if r.content or json_reply else {}
-        except ValueError:
-            if json_reply:
-                raise PublishError(f"{self.url}{path} answered 200 with no JSON: {r.text[:300]!r}") from None
-            return {}
-
-    def pause(self) -> None:
-        self._post("/pause_generation")
-
-    def resume(self) -> None:
-        self._post("/continue_generation")
-
-    def flush_cache(self) -> None:
-        self._post("/flush_cache")
-
-    def update_weights(self, model_path: Path, version: int) -> None:
-        reply = self._post("/update_weights_from_disk", {"model_path": str(model_path), "weight_version": str(version)},
-                           json_reply=True)
-        if reply.get("success") is False:
-            raise PublishError(f"{self.url} did not load {model_path}: {reply.get('message', reply)}")
-
-    def weight_version(self) -> str | None:
-        try:
-            # SGLang 0.5.12 names it /model_info (/get_model_info still answers, with a warning per call).
-            r = self._http.get("/model_info")
-            if r.status_code == 404:
-                r = self._http.get("/get_model_info")
-            info = r.json()
-        except (httpx.HTTPError, ValueError) as e:
-            raise PublishError(f"{self.url}/model_info: {e!r}") from None
-        version = info.get("weight_version")
-        return None if version is None else str(version)
-
-    def release_memory(self) -> None:
-        self._post("/release_memory_occupation")
-
-    def resume_memory(self) -> None:
-        self._post("/resume_memory_occupation")
-
-    def close(self) -> None:
-        self._http.close()
-
-
-def reload_one(client: InferenceClient, model_path: Path, version: int) -> float:
+def reload_one(client: SGLangClient, model_path: Path, version: int) -> float:
     """Pause, load, flush, continue; the seconds it took. The server keeps serving old weights on failure."""
     t0 = time.monotonic()
     client.pause()
@@ -99,11 +42,11 @@ def reload_one(client: InferenceClient, model_path: Path, version: int) -> float
 
 
 def publish_weights(servers: Sequence[str], model_path: Path, version: int, *, timeout_s: float = 600.0,
-                    client: Callable[[str], InferenceClient] | None = None) -> dict[str, float]:
+                    client: Callable[[str], SGLangClient] | None = None) -> dict[str, float]:
     """Reload every server (in parallel); seconds per server. Raises PublishError naming each failure."""
     if not servers:
         return {}
-    make = client or (lambda url: InferenceClient(url, timeout_s))
+    make = client or (lambda url: SGLangClient(url, timeout_s))
     clients = [make(url) for url in servers]
     try:
         with ThreadPoolExecutor(max_workers=len(clients)) as pool:
@@ -120,7 +63,7 @@ def publish_weights(servers: Sequence[str], model_path: Path, version: int, *, t
 class ColocatedInference:
     """Around a training phase on GPUs shared with SGLang: pause and release before, resume after."""
 
-    def __init__(self, clients: Sequence[InferenceClient]):
+    def __init__(self, clients: Sequence[SGLangClient]):
         self.clients = list(clients)
         self.paused = self.released = False
 

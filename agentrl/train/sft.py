@@ -25,11 +25,13 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hpc.buffer import Sample, read_rollout, read_shard
+from hpc.buffer import read_rollout, read_shard
 from hpc.fsio import write_atomic
 from hpc.ledger import Ledger
 from hpc.records import RecordError
 from hpc.validation import problems
+
+from ..sample import SAMPLE_CODEC, Sample
 
 
 class SFTError(ValueError):
@@ -70,16 +72,19 @@ def _samples_of(src: Path) -> list[Sample]:
         raise SFTError(f"{src}: does not exist")
     if (src / "ledger").is_dir() and (src / "buffer").is_dir():
         ledger = Ledger(src / "ledger")
-        return [s for r in ledger.rollouts() for g in read_rollout(ledger, src / "buffer", r).values() for s in g]
+        return [s for r in ledger.rollouts() for g in read_rollout(ledger, src / "buffer", r, SAMPLE_CODEC).values()
+                for s in g]
     shards = [src] if src.is_file() else sorted(src.rglob("*.msgpack"))
-    return [s for p in shards for s in read_shard(p)[1]]
+    return [s for p in shards for s in read_shard(p, SAMPLE_CODEC)[1]]
 
 
 def step_batches(samples: list[Sample], max_tokens: int, rng: random.Random) -> list[list[int]]:
     """Sample indices in steps of at most `max_tokens` tokens (a longer sample is a step alone), shuffled."""
     order = list(range(len(samples)))
     rng.shuffle(order)
-    steps, current, tokens = [], [], 0
+    steps: list[list[int]] = []
+    current: list[int] = []
+    tokens = 0
     for i in order:
         n = len(samples[i].tokens)
         if current and tokens + n > max_tokens:

@@ -11,6 +11,7 @@ import hashlib
 import shutil
 from contextlib import nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -20,6 +21,9 @@ from .batch import RolloutBatch, StepPlan
 from .config import TrainConfig
 from .loss import policy_loss
 from .tensors import padded_tokens, response_slices, token_inputs
+
+if TYPE_CHECKING:
+    from .sft import SFTConfig
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "generation_config.json")
@@ -38,9 +42,11 @@ def barrier() -> None:
 
 
 class TorchPolicy:
+    """A Policy (agentrl/train/policy.py); also the warm start's (agentrl/train/sft.py: an SFTConfig, sft_step)."""
+
     collective_io = False      # rank 0 alone saves: DDP keeps every rank identical
 
-    def __init__(self, model_dir: Path, cfg: TrainConfig):
+    def __init__(self, model_dir: Path, cfg: TrainConfig | SFTConfig):
         from transformers import AutoModelForCausalLM
 
         self.cfg, self.model_dir = cfg, Path(model_dir)
@@ -48,13 +54,16 @@ class TorchPolicy:
         self.dp_rank, self.dp_size = self.rank, self.world_size
         self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
         torch.manual_seed(cfg.seed)
-        module = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(self.device)
+        # transformers wraps `to` with functools.wraps(Module.to): typeshed's _Wrapped then takes the device for self
+        module = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(
+            self.device)  # type: ignore[arg-type]
         module.train()
         self.module = module
         self.model = (torch.nn.parallel.DistributedDataParallel(module) if self.world_size > 1 else module)
         self.ref = None
         if cfg.kl_coef > 0:
-            self.ref = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(self.device)
+            self.ref = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(
+                self.device)  # type: ignore[arg-type]    # as above
             self.ref.eval().requires_grad_(False)
         self.optimizer = torch.optim.AdamW(module.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.steps = 0
@@ -73,6 +82,7 @@ class TorchPolicy:
 
     def train_step(self, batch: RolloutBatch, plan: StepPlan) -> dict[str, float]:
         cfg = self.cfg
+        assert isinstance(cfg, TrainConfig), "train_step takes a TrainConfig's policy (SFT trains with sft_step)"
         counts = torch.from_numpy(plan.attempt_token_counts).to(self.device, torch.float32)
         totals: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)

@@ -57,8 +57,8 @@ def _sources(sources: list[str]) -> str:
     return " ".join(out)
 
 
-def definition(plan: DockerfilePlan, context: str, build_args: Mapping[str, str] = (), bootstrap: str = "docker"
-               ) -> str:
+def definition(plan: DockerfilePlan, context: str, build_args: Mapping[str, str] | None = None,
+               bootstrap: str = "docker") -> str:
     """The .def for `plan` (hpc.images.dockerfile.plan_dockerfile), its build context staged from the
     host directory `context`. Each step is announced as buildah does (`STEP n/m: ...`), so that a
     build's log reads the same whichever builder made it (hpc.images.buildah.network_failures).
@@ -66,7 +66,7 @@ def definition(plan: DockerfilePlan, context: str, build_args: Mapping[str, str]
     if plan.stages != 1:
         raise DockerfileError(f"a multi-stage Dockerfile ({plan.stages} FROM lines) cannot be built with "
                               "Apptainer: build it with buildah (--builder buildah)")
-    args = {**dict(plan.args), **dict(build_args)}
+    args = {**dict(plan.args), **dict(build_args or {})}
     post = ["set -e", _COPY, f"export PATH=${{PATH:-{DEFAULT_PATH}}}", "cd /"]
     total = len(plan.final_steps) + 1
     environment: list[str] = []

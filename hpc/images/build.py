@@ -24,8 +24,9 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
-from .cache import FORMATS, CacheError, Entry, ImageCache, Verify
+from .cache import FORMATS, CacheError, Entry, Format, ImageCache, Verify
 from .extract import extract_image, extract_layer
 from .oci import Image, ImageError, open_image, runtime_config
 
@@ -99,7 +100,7 @@ def run_tool(cmd: list[str], what: str) -> None:
         raise ImageError(f"{what} failed (exit {r.returncode}): {shlex.join(cmd)}\n{tail}")
 
 
-def build_image(source: str | Path, cache: ImageCache, fmt: str = "rootfs", ref: str | None = None,
+def build_image(source: str | Path, cache: ImageCache, fmt: Format = "rootfs", ref: str | None = None,
                 fakeroot: bool = False, label: str | None = None, registries_conf: Path | str | None = None,
                 verify: Verify | None = None) -> tuple[Entry, bool]:
     """The cache entry for `source` in `fmt`, built if absent; True if this call built it.
@@ -112,6 +113,7 @@ def build_image(source: str | Path, cache: ImageCache, fmt: str = "rootfs", ref:
         return _build_reference(source, cache, fmt, fakeroot, registries_conf, verify)
     label = label or os.path.abspath(source)
     with open_image(source, ref) as image:
+        build: Callable[[Path], object]
         if fmt == "rootfs":
             def build(payload: Path) -> None:
                 extract_image(image, payload)
@@ -135,14 +137,16 @@ def _layered(image: Image, cache: ImageCache, label: str) -> Callable[[Path], No
         raise ImageError(f"{image.source}: layers without a diff_id in the image config ({missing[0]}...): "
                          "build it as --format rootfs")
 
+    diff_ids = [layer.diff_id for layer in image.layers if layer.diff_id]     # every layer's, as checked
+
     def build(payload: Path) -> None:
-        for layer in image.layers:
-            cache.build_or_get(layer.diff_id, "layer", label, functools.partial(extract_layer, layer))
-        payload.write_text("".join(f"{layer.diff_id}\n" for layer in image.layers))
+        for layer, diff_id in zip(image.layers, diff_ids, strict=True):
+            cache.build_or_get(diff_id, "layer", label, functools.partial(extract_layer, layer))
+        payload.write_text("".join(f"{diff_id}\n" for diff_id in diff_ids))
     return build
 
 
-def _build_reference(ref: str, cache: ImageCache, fmt: str, fakeroot: bool, registries_conf: Path | str | None,
+def _build_reference(ref: str, cache: ImageCache, fmt: Format, fakeroot: bool, registries_conf: Path | str | None,
                      verify: Verify | None) -> tuple[Entry, bool]:
     # A tag moves; the cache is keyed by content, so the image is copied here first and read.
     pulls = cache.root / ".pulls"
@@ -164,13 +168,16 @@ def run_builds(jobs: Sequence[tuple[str, Callable[[], tuple[Entry, bool]]]],
                out=sys.stderr) -> dict[str, Entry | Exception]:
     """Run each (name, build) in turn, going on past failures; progress as a bar (tqdm) or plain lines,
     then how many were built, cached and failed, and why each failure failed."""
+    bar: tqdm[Any] | None = None
     try:
         from tqdm import tqdm
     except ImportError:
-        tqdm = None
+        pass
+    else:
+        if len(jobs) > 1:
+            bar = tqdm(total=len(jobs), unit="image", file=out)
     results: dict[str, Entry | Exception] = {}
     counts = {"built": 0, "cached": 0, "failed": 0}
-    bar = tqdm(total=len(jobs), unit="image", file=out) if tqdm and len(jobs) > 1 else None
     for i, (name, build) in enumerate(jobs, 1):
         try:
             entry, built = build()
@@ -193,7 +200,7 @@ def run_builds(jobs: Sequence[tuple[str, Callable[[], tuple[Entry, bool]]]],
     return results
 
 
-def build_many(sources: Sequence[str], cache: ImageCache, fmt: str = "rootfs", fakeroot: bool = False,
+def build_many(sources: Sequence[str], cache: ImageCache, fmt: Format = "rootfs", fakeroot: bool = False,
                registries_conf: Path | str | None = None, out=sys.stderr) -> dict[str, Entry | Exception]:
     """Build each source in turn, going on past failures (run_builds)."""
     return run_builds([(src, functools.partial(build_image, src, cache, fmt, fakeroot=fakeroot,

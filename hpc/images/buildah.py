@@ -92,7 +92,8 @@ def buildah_step(line: str) -> str | None:
 def network_failures(log: str, step_of: Callable[[str], str | None] = buildah_step) -> list[tuple[str, str]]:
     """(the step, the line) for each step of a build log that could not reach the network; `step_of`
     reads the builder's step announcements."""
-    step, out = "before the first step", []
+    step = "before the first step"
+    out: list[tuple[str, str]] = []
     for line in log.splitlines():
         announced = step_of(line)
         if announced:

@@ -15,6 +15,7 @@ record is there and names the same digest and format. The directory is named
 
 from __future__ import annotations
 
+import builtins
 import errno
 import os
 import secrets
@@ -149,7 +150,7 @@ class ImageCache:
         hits = [e for e in self.list(fmt) if e.record.source == source]
         return max(hits, key=lambda e: e.record.created, default=None)
 
-    def layer_dirs(self, entry: Entry | Path) -> list[Path]:
+    def layer_dirs(self, entry: Entry | Path) -> builtins.list[Path]:     # builtins: `list` is a method here
         """The layer directories of a "layers" entry (or of its payload, the list of its layers), top
         first, as overlayfs's lowerdir lists them."""
         payload = entry.payload if isinstance(entry, Entry) else entry
@@ -179,9 +180,9 @@ class ImageCache:
         _rmtree(trash)
         return True
 
-    def clean_temps(self, fmt: Format) -> list[Path]:
+    def clean_temps(self, fmt: Format) -> builtins.list[Path]:
         """Remove abandoned builds: a dead pid on this host, or untouched for stale_s elsewhere."""
-        removed = []
+        removed: builtins.list[Path] = []
         d = self.root / fmt
         if not d.is_dir():
             return removed
@@ -203,7 +204,7 @@ class ImageCache:
                 removed.append(p)
         return removed
 
-    def build_or_get(self, digest: str, fmt: Format, source: str, build: Callable[[Path], None],
+    def build_or_get(self, digest: str, fmt: Format, source: str, build: Callable[[Path], object],
                      manifest_digest: str | None = None, runtime: Mapping[str, Any] | None = None,
                      verify: Verify | None = None) -> tuple[Entry, bool]:
         """The entry for `digest`, built with `build(payload_path)` if absent; True if this call's build is it.

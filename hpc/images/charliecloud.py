@@ -38,9 +38,7 @@ def ch_image_command() -> list[str]:
     """ch-image, run by the Python it was installed for: a distribution's ch-image starts with
     `#!/usr/bin/env python3`, and a virtualenv's or pyenv's python3 earlier on PATH lacks its modules
     (lark), so /usr/bin's ch-image runs on /usr/bin/python3."""
-    path = shutil.which("ch-image")
-    if path is None:
-        require_tool("ch-image", "building with charliecloud")
+    path = require_tool("ch-image", "building with charliecloud")
     if os.path.dirname(os.path.realpath(path)) == "/usr/bin" and os.path.exists("/usr/bin/python3"):
         return ["/usr/bin/python3", path]
     return [path]

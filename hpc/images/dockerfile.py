@@ -159,8 +159,9 @@ def plan_dockerfile(text: str, context_files: Iterable[str] = ()) -> DockerfileP
             raise DockerfileError(f"{step}: unknown instruction {op} (known: {', '.join(sorted(KNOWN))})")
         if op == "FROM":
             _, words = split_flags(words_of(step.value))
-            words = [substitute(w, {k: v for k, v in global_args.items() if v}) for w in words]
-            if None in words:
+            substituted = [substitute(w, {k: v for k, v in global_args.items() if v}) for w in words]
+            words = [w for w in substituted if w is not None]
+            if len(words) < len(substituted):
                 raise DockerfileError(f"{step}: uses a variable that no ARG before the first FROM gives a "
                                       "default: give it one")
             named = len(words) == 3 and words[1].upper() == "AS"
@@ -223,7 +224,7 @@ def plan_context(context: Path) -> DockerfilePlan:
     return plan_dockerfile((context / DOCKERFILE).read_text(), files)
 
 
-def build_key(files: Mapping[str, bytes], executable: Iterable[str] = (), build_args: Mapping[str, str] = (),
+def build_key(files: Mapping[str, bytes], executable: Iterable[str] = (), build_args: Mapping[str, str] | None = None,
               check: str | None = None) -> str:
     """sha256 of a build's content: every file of the context (the Dockerfile among them), which of
     them are executable, the build arguments, and the check the image must pass; equal content,
@@ -231,7 +232,7 @@ def build_key(files: Mapping[str, bytes], executable: Iterable[str] = (), build_
     if DOCKERFILE not in files:
         raise DockerfileError(f"the build context has no {DOCKERFILE}")
     doc = {"files": {rel: hashlib.sha256(data).hexdigest() for rel, data in sorted(files.items())},
-           "executable": sorted(set(executable)), "build_args": dict(sorted(dict(build_args).items()))}
+           "executable": sorted(set(executable)), "build_args": dict(sorted(dict(build_args or {}).items()))}
     if check is not None:
         doc["check"] = check
     return "sha256:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()

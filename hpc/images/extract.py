@@ -20,7 +20,7 @@ import tarfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Literal, overload
 
 from .oci import Image, ImageError, Layer
 
@@ -41,7 +41,7 @@ class Stats:
 class _Hashing(io.RawIOBase):
     """A reader that hashes what passes through, so a layer is verified in the same read."""
 
-    def __init__(self, raw: IO[bytes], alg: str):
+    def __init__(self, raw: IO[bytes] | io.BufferedIOBase, alg: str):
         self.raw, self.hash, self.count = raw, hashlib.new(alg), 0
 
     def readable(self) -> bool:
@@ -60,7 +60,7 @@ class _Hashing(io.RawIOBase):
         return f"{self.hash.name}:{self.hash.hexdigest()}"
 
 
-def _decompressed(stream: IO[bytes], layer: Layer) -> IO[bytes]:
+def _decompressed(stream: IO[bytes], layer: Layer) -> IO[bytes] | io.BufferedIOBase:
     """Sniff the compression (media types lie in docker-archives): gzip, zstd or plain tar."""
     head = stream.peek(4)[:4] if hasattr(stream, "peek") else b""
     if head[:2] == b"\x1f\x8b":
@@ -86,6 +86,10 @@ def split_name(name: str, where: str) -> list[str]:
     return parts
 
 
+@overload
+def _parent(root: Path, parts: list[str], where: str, create: Literal[True]) -> Path: ...
+@overload
+def _parent(root: Path, parts: list[str], where: str, create: bool) -> Path | None: ...
 def _parent(root: Path, parts: list[str], where: str, create: bool) -> Path | None:
     """The directory holding parts[-1], walking without following any symlink."""
     d = root
@@ -184,9 +188,12 @@ class _Applier:
         if old is not None:
             self._remove(rel)
         if m.isreg():
+            member = tar.extractfile(m)
+            if member is None:      # tarfile gives None for anything but a regular file
+                raise ImageError(f"{where}: {rel!r} cannot be read from the archive")
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as out, tar.extractfile(m) as src:
-                shutil.copyfileobj(src, out, _CHUNK)
+            with os.fdopen(fd, "wb") as out, member:
+                shutil.copyfileobj(member, out, _CHUNK)
             self._meta(target, m)
             self.stats.files += 1
         elif m.issym():

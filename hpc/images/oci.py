@@ -12,6 +12,7 @@ digest at all), copied by skopeo, or recompressed keeps one id, and so one cache
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import platform
@@ -74,7 +75,7 @@ def runtime_config(config: dict, where: str) -> dict[str, Any]:
     return {"env": env, "workdir": workdir, "user": user}
 
 
-def check_digest(digest: str, where: str) -> tuple[str, str]:
+def check_digest(digest: str | None, where: str) -> tuple[str, str]:
     """Split 'alg:hex'; refuse anything else, since the hex becomes a path (blobs/alg/hex)."""
     m = _DIGEST.match(digest or "")
     if not m or len(m.group(2)) != _HEX_LEN[m.group(1)]:
@@ -101,6 +102,8 @@ class _Store:
         return self._member(rel) is not None
 
     def _member(self, rel: str) -> tarfile.TarInfo | None:
+        if self.tar is None:
+            return None
         for name in (rel, "./" + rel):
             with contextlib.suppress(KeyError):
                 member = self.tar.getmember(name)
@@ -116,7 +119,10 @@ class _Store:
         member = self._member(rel)
         if member is None:
             raise ImageError(f"{self.where(rel)} is missing (not a file in the archive)")
-        return self.tar.extractfile(member)
+        f = self.tar.extractfile(member)
+        if f is None:     # not for a regular file, which _member is
+            raise ImageError(f"{self.where(rel)} is not a file in the archive")
+        return f
 
     def read(self, rel: str, digest: str | None = None, size: int | None = None) -> bytes:
         with self.open(rel) as f:
@@ -135,7 +141,7 @@ class _Store:
             raise ImageError(f"{self.where(rel)} is not valid JSON ({e})") from None
 
 
-def _blob_path(digest: str, where: str) -> str:
+def _blob_path(digest: str | None, where: str) -> str:
     alg, hexd = check_digest(digest, where)
     return f"blobs/{alg}/{hexd}"
 
@@ -182,7 +188,7 @@ def _read_oci(store: _Store, source: str, kind: str, ref: str | None) -> Image:
     for i, ld in enumerate(ldescs):
         rel = _blob_path(ld.get("digest"), f"{source}: layer {i} of manifest {manifest_digest}")
         layers.append(Layer(store.where(rel), ld["digest"], diff_ids[i] if diff_ids else None,
-                            ld.get("size"), lambda rel=rel: store.open(rel)))
+                            ld.get("size"), functools.partial(store.open, rel)))
     return Image(source, kind, cdesc["digest"], manifest_digest, config, tuple(layers))
 
 
@@ -217,7 +223,7 @@ def _read_docker(store: _Store, source: str, ref: str | None) -> Image:
         # docker >= 25 stores layers as blobs/sha256/<hex>: that name is the stored bytes' digest.
         m = re.fullmatch(r"blobs/(sha256)/([0-9a-f]{64})", rel)
         layers.append(Layer(store.where(rel), f"{m.group(1)}:{m.group(2)}" if m else None, diff_id, None,
-                            lambda rel=rel: store.open(rel)))
+                            functools.partial(store.open, rel)))
     return Image(source, "docker-archive", image_id, None, config, tuple(layers))
 
 

@@ -6,9 +6,11 @@ Apptainer definition names the registry that the file would have chosen.
 
 from __future__ import annotations
 
-try:
+import sys
+
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI
+else:  # Python 3.10: the same parser, from PyPI
     import tomli as tomllib
 
 

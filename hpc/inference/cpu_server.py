@@ -40,12 +40,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from .. import liveness
+
+if TYPE_CHECKING:
+    from ..registry import Registry, ServiceRecord
 from .generation import (
     GenerateRequest,
     RequestError,
@@ -128,7 +131,9 @@ class Engine:
     def generate(self, request: GenerateRequest, ticket: int) -> dict[str, Any]:
         import torch
 
-        sampling, output_ids, logprobs = request.sampling, [], []
+        sampling = request.sampling
+        output_ids: list[int] = []
+        logprobs: list[float] = []
         generator = None if sampling.greedy else torch.Generator().manual_seed(
             request_seed(request, self.random_seed, self._fallback))
         cache, cache_serial = None, -1
@@ -149,8 +154,9 @@ class Engine:
             output_ids.append(token)
             logprobs.append(logprob)
             finish = finish_reason(output_ids, sampling, self.eos_ids)
-        text = self.tokenizer.decode(text_ids(output_ids, finish, sampling),
-                                     skip_special_tokens=sampling.skip_special_tokens)
+        # transformers types decode's result str | list[str] for every input: one id list decodes to a str
+        text = cast(str, self.tokenizer.decode(text_ids(output_ids, finish, sampling),
+                                               skip_special_tokens=sampling.skip_special_tokens))
         return generate_reply(request, output_ids, logprobs, finish, text=text, weight_version=self.weight_version)
 
     def load_weights(self, model_path: str, weight_version: str | None) -> tuple[bool, str]:
@@ -350,13 +356,16 @@ async def serve(engine: Engine, args: argparse.Namespace) -> None:
         if serving.done():
             return await serving
         await asyncio.sleep(0.02)
-    registry, record = _register(engine, args, port) if args.register else (None, None)
+    registry: Registry | None = None
+    record: ServiceRecord | None = None
+    if args.register:
+        registry, record = _register(engine, args, port)
     print(f"cpu_server: listening on http://{args.host}:{port} (model {engine.model_path})", flush=True)
     try:
         beat = time.monotonic()
         while not server.should_exit and not serving.done():   # uvicorn sets should_exit on a signal
             await asyncio.sleep(0.1)
-            if record is not None and time.monotonic() - beat >= args.heartbeat_s:
+            if registry is not None and record is not None and time.monotonic() - beat >= args.heartbeat_s:
                 version = registry_weight_version(engine.weight_version)
                 record = await asyncio.to_thread(registry.heartbeat, record, weight_version=version)
                 liveness.beat(args.liveness_file)
@@ -364,11 +373,11 @@ async def serve(engine: Engine, args: argparse.Namespace) -> None:
         engine.gate.abort_all()     # so that a paused request cannot hold up the shutdown
         await serving
     finally:
-        if record is not None:
+        if registry is not None and record is not None:
             registry.deregister(record)
 
 
-def _register(engine: Engine, args: argparse.Namespace, port: int):
+def _register(engine: Engine, args: argparse.Namespace, port: int) -> tuple[Registry, ServiceRecord]:
     from ..registry import Registry
     from ..runlayout import RunLayout
 

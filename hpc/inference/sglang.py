@@ -2,7 +2,9 @@
 
 `launch_command(SGLangConfig(...))` is the command line; `ServerProcess` starts it in its own process
 group with its output in a log file, waits until it answers, registers it in RUN/services, renews the
-heartbeat with the weight version the server reports, and stops the whole group.
+heartbeat with the weight version the server reports, and stops the whole group. `SGLangClient` is the
+one HTTP client of a running server: health and model info for the launcher, and the control calls
+(pause, update weights, flush, release memory) whoever publishes weights makes.
 
 Verified against SGLang 0.5.12 (the version of containers/sglang.def), read in its wheel
 (`pip download sglang==0.5.12 --no-deps`):
@@ -127,6 +129,103 @@ def advertised_host(host: str) -> str:
     return socket.gethostname() if host in WILDCARD_HOSTS else host
 
 
+# -- talking to a running server --------------------------------------------------------------------------------
+
+class SGLangError(RuntimeError):
+    """A control call failed: the server did not answer, refused, or answered what proves nothing."""
+
+
+class SGLangClient:
+    """One SGLang server's HTTP API, synchronous.
+
+    The probes (`healthy`, `model_info`) answer False or None while the server is not up, since the
+    launcher polls them; the control calls raise SGLangError naming the server, the path and the reply.
+    """
+
+    def __init__(self, url: str, timeout_s: float = 600.0, transport: httpx.BaseTransport | None = None):
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, transport=transport)
+
+    # -- probes ------------------------------------------------------------------
+    def healthy(self) -> bool:
+        """GET /health answers 200 (SGLang answers 503 until it has warmed up)."""
+        try:
+            return self._http.get("/health").status_code == 200
+        except httpx.HTTPError:
+            return False    # not listening yet
+
+    def model_info(self) -> dict[str, Any] | None:
+        """GET /model_info; None unless it answers 200 with JSON."""
+        try:
+            r = self._model_info_reply()
+            return r.json() if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def _model_info_reply(self) -> httpx.Response:
+        # SGLang 0.5.12 names it /model_info; older ones know only /get_model_info (0.5.12 still answers
+        # that too, with a warning per call, so it is asked only after a 404).
+        r = self._http.get("/model_info")
+        return self._http.get("/get_model_info") if r.status_code == 404 else r
+
+    # -- control calls -----------------------------------------------------------
+    def _post(self, path: str, body: dict[str, Any] | None = None, *, json_reply: bool = False) -> dict[str, Any]:
+        """POST; the reply's JSON. SGLang answers some calls in text (/flush_cache: "Cache flushed."): with
+        json_reply, a 200 that is not JSON is an error (a proxy's page proves nothing), else it is {}."""
+        try:
+            r = self._http.post(path, json=body or {})
+        except httpx.HTTPError as e:
+            raise SGLangError(f"{self.url}{path}: {e!r}") from None
+        if r.status_code != 200:
+            raise SGLangError(f"{self.url}{path} answered {r.status_code}: {r.text[:300]}")
+        try:
+            return r.json() if r.content or json_reply else {}
+        except ValueError:
+            if json_reply:
+                raise SGLangError(f"{self.url}{path} answered 200 with no JSON: {r.text[:300]!r}") from None
+            return {}
+
+    def pause(self) -> None:
+        self._post("/pause_generation")
+
+    def resume(self) -> None:
+        self._post("/continue_generation")
+
+    def flush_cache(self) -> None:
+        self._post("/flush_cache")
+
+    def update_weights(self, model_path: Path, version: int) -> None:
+        reply = self._post("/update_weights_from_disk", {"model_path": str(model_path), "weight_version": str(version)},
+                           json_reply=True)
+        if reply.get("success") is False:
+            raise SGLangError(f"{self.url} did not load {model_path}: {reply.get('message', reply)}")
+
+    def weight_version(self) -> str | None:
+        """The weight version the server reports, None if it reports none. Unlike model_info this raises
+        SGLangError when the answer is not JSON: checking a reload, silence is a failure, not a version."""
+        try:
+            info = self._model_info_reply().json()
+        except (httpx.HTTPError, ValueError) as e:
+            raise SGLangError(f"{self.url}/model_info: {e!r}") from None
+        version = info.get("weight_version")
+        return None if version is None else str(version)
+
+    def release_memory(self) -> None:
+        self._post("/release_memory_occupation")
+
+    def resume_memory(self) -> None:
+        self._post("/resume_memory_occupation")
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> SGLangClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 # -- waiting for a server ---------------------------------------------------------------------------------------
 
 class ServerError(RuntimeError):
@@ -149,20 +248,6 @@ def _with_log(message: str, log_path: Path | None) -> str:
     return f"{message}; the end of {log_path}:\n{tail}" if tail else message
 
 
-def model_info(client: httpx.Client) -> dict[str, Any] | None:
-    """GET /model_info (older SGLang knows only /get_model_info); None unless it answers 200."""
-    for path in ("/model_info", "/get_model_info"):
-        r = client.get(path)
-        if r.status_code == 200:
-            try:
-                return r.json()
-            except ValueError:
-                return None
-        if r.status_code != 404:
-            return None
-    return None
-
-
 def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = None, *, log_path: Path | None = None,
                  poll_s: float = 0.25, cancelled: Callable[[], bool] = lambda: False) -> dict[str, Any] | None:
     """Poll /health, then /model_info, until both answer 200: the model info, or None once `cancelled()`.
@@ -170,16 +255,13 @@ def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = Non
     Raises ServerError, with the end of the log, as soon as `proc` exits or when timeout_s has passed.
     """
     deadline = time.monotonic() + timeout_s
-    with httpx.Client(base_url=url, timeout=5.0) as client:
+    with SGLangClient(url, timeout_s=5.0) as client:
         while not cancelled():
             if proc is not None and proc.poll() is not None:
                 raise ServerError(_with_log(f"the server at {url} exited with {proc.returncode} before it was "
                                             "healthy", log_path))
-            try:
-                if client.get("/health").status_code == 200 and (info := model_info(client)) is not None:
-                    return info
-            except httpx.HTTPError:
-                pass    # not listening yet
+            if client.healthy() and (info := client.model_info()) is not None:
+                return info
             if time.monotonic() > deadline:
                 raise ServerError(_with_log(f"the server at {url} was not healthy after {timeout_s:.0f} s", log_path))
             time.sleep(poll_s)
@@ -238,12 +320,9 @@ class ServerProcess:
                                                  port=self.port, weight_version=_version(info))
         return True
 
-    def heartbeat(self, client: httpx.Client) -> bool:
+    def heartbeat(self, client: SGLangClient) -> bool:
         """Renew the registry record with the version the server reports; False (no renewal) if it did not answer."""
-        try:
-            info = model_info(client)
-        except httpx.HTTPError:
-            info = None
+        info = client.model_info()
         if info is None:
             return False   # a server that does not answer must not look alive
         if self.registry is not None and self.record is not None:
@@ -256,7 +335,7 @@ class ServerProcess:
         if self.proc is None:
             raise RuntimeError("serve() before start()")
         beat = time.monotonic()
-        with httpx.Client(base_url=self.url, timeout=10.0) as client:
+        with SGLangClient(self.url, timeout_s=10.0) as client:
             while not self.stop_requested:
                 if self.proc.poll() is not None:
                     raise ServerError(_with_log(f"the server at {self.url} exited with {self.proc.returncode}",

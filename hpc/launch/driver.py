@@ -27,7 +27,7 @@ from ..environment import AllocationEnv
 from ..procs import kill_group
 from ..runlayout import RunLayout
 from .plan import CONFIG_ERROR_EXIT, Plan, RestartPolicy
-from .state import LaunchRecord, end_run, read_end, read_task_records, unit_exit_code, write_launch_record
+from .state import LaunchRecord, RunState, end_run, read_end, read_task_records, unit_exit_code, write_launch_record
 from .steps import Unit, start_local, start_srun, units
 
 POLL_S = 0.2
@@ -52,9 +52,10 @@ class Running:
                 if p.poll() is None:
                     kill_group(p.pid, grace_s=5)
             codes = [p.wait() for p in self.procs]
-        if None in codes:
+        exited = [c for c in codes if c is not None]
+        if len(exited) < len(codes):
             return None
-        bad = [c for c in codes if c != 0]
+        bad = [c for c in exited if c != 0]
         return (bad[0] if bad[0] >= 0 else 128 - bad[0]) if bad else 0
 
 
@@ -84,12 +85,13 @@ class Driver:
         role = self.plan.roles[unit.role]
         log_dir = self.layout.logs_dir
         log_dir.mkdir(parents=True, exist_ok=True)
-        common = dict(python=self.python, run_dir=str(self.layout.root), log_dir=log_dir, restarts=restarts)
+        run_dir = str(self.layout.root)
         if self.executor == "local":
             ids = self._gpu_ids()[unit.role]
             if unit.index is not None:
                 ids = ids[unit.index * role.gpus_per_task:(unit.index + 1) * role.gpus_per_task]
-            return start_local(unit, role, gpu_ids=ids, **common)
+            return start_local(unit, role, gpu_ids=ids, python=self.python, run_dir=run_dir, log_dir=log_dir,
+                               restarts=restarts)
         comp = self.plan.component_of(unit.role)
         first = comp.offsets[unit.role]
         nodes = self.nodes_by_partition.get(role.partition, [])[first:first + role.nodes]
@@ -99,9 +101,10 @@ class Driver:
             nodelist = nodes[unit.index % role.nodes] if nodes else None
         # An sbatch job is one het job, a component per partition; a submitit job holds one partition.
         het_group = comp.index if self.executor == "sbatch" and len(self.plan.components()) > 1 else None
-        return start_srun(unit, role, nodelist=nodelist, het_group=het_group, **common)
+        return start_srun(unit, role, nodelist=nodelist, het_group=het_group, python=self.python, run_dir=run_dir,
+                          log_dir=log_dir, restarts=restarts)
 
-    def _record(self, state, message: str = "") -> None:
+    def _record(self, state: RunState, message: str = "") -> None:
         # Locally the driver is the run; under submitit there is one driver per job.
         name = "driver-" + self.plan.name if self.executor == "submitit" else "run"
         write_launch_record(self.layout, LaunchRecord(
@@ -174,7 +177,7 @@ class Driver:
         self._record(end.state, end.message)
         return end.exit_code
 
-    def _watch(self) -> tuple[str, int, str]:
+    def _watch(self) -> tuple[RunState, int, str]:
         while True:
             if self._stop_reason:
                 return "stopped", 143, self._stop_reason

@@ -118,7 +118,8 @@ def layout_component(index: int, partition: str, names: list[str], roles: list[R
                      part: Partition | None) -> Component:
     """Shared nodes if everything fits on one node together, else disjoint nodes per role."""
     needs = _need(roles)
-    shared = tuple(map(sum, zip(*needs, strict=True)))
+    cpus, mem_mb, gpus = map(sum, zip(*needs, strict=True))
+    shared = (cpus, mem_mb, gpus)
     if part is None or _fits_on_node(shared, part) or len(roles) == 1:
         return Component(index=index, partition=partition, nodes=max(r.nodes for r in roles),
                          cpus_per_node=shared[0], mem_mb_per_node=shared[1], gpus_per_node=shared[2],
@@ -209,8 +210,8 @@ class Plan(BaseModel):
         return next(c for c in self.components() if role in c.roles)
 
 
-def load_plan(launch: dict[str, Any], partitions: dict[str, Any] | None = None) -> Plan:
-    """A Plan from the `launch:` section of a run config.
+def load_plan(launch: object, partitions: dict[str, Any] | None = None) -> Plan:
+    """A Plan from the `launch:` section of a run config (as parsed: anything but a mapping is refused).
 
     `partitions`, when the config has none, comes from the cluster (hpc.launch.slurminfo).
     """

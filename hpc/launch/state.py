@@ -158,9 +158,9 @@ def unit_exit_code(records: list[TaskRecord], role: str, restarts: int, reported
     others, and srun reports the highest code of all, so a rank we stopped (143) would hide the
     rank that failed (say 3): the tasks' own records say which came first.
     """
-    own = [r for r in records if r.role == role and r.restarts == restarts and r.state == "exited"
-           and r.exit_code and r.signal is None and r.ended is not None]
-    return min(own, key=lambda r: r.ended).exit_code if own else reported
+    own = [(r.ended, r.exit_code) for r in records if r.role == role and r.restarts == restarts
+           and r.state == "exited" and r.exit_code and r.signal is None and r.ended is not None]
+    return min(own, key=lambda ended_code: ended_code[0])[1] if own else reported
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -180,23 +180,30 @@ class ApptainerSandbox(SandboxContext):
             raise SandboxError(f"apptainer {what} {why}: {r.stderr.decode(errors='replace').strip()}")
         return r
 
+    def _started(self) -> tuple[str, Path]:
+        """What start() set up first: the apptainer executable and the scratch directory."""
+        if self._exe is None or self._scratch is None:
+            raise SandboxError("the apptainer sandbox is not started")
+        return self._exe, self._scratch
+
     async def _listed_pid(self) -> int | None:
-        r = await self._tool(list_argv(self._exe, self.name), "instance list")
+        exe, _ = self._started()
+        r = await self._tool(list_argv(exe, self.name), "instance list")
         for inst in json.loads(r.stdout or b"{}").get("instances") or []:
             if inst.get("instance") == self.name:
                 return int(inst["pid"])
         return None
 
     async def start(self) -> None:
-        self._exe = shutil.which(self.apptainer)
-        if self._exe is None:
+        self._exe = exe = shutil.which(self.apptainer)
+        if exe is None:
             raise SandboxError(f"{self.apptainer} is not installed or not on PATH (module load apptainer?)")
         spec = self.spec
         try:
             reap_abandoned(spec.scratch_dir)
-            self._scratch = make_scratch("apptainer", spec.scratch_dir)
+            self._scratch = scratch = make_scratch("apptainer", spec.scratch_dir)
             for d in ("work", "home", "env"):
-                (self._scratch / d).mkdir(mode=0o700)
+                (scratch / d).mkdir(mode=0o700)
             worktree = None
             if spec.workdir_source:
                 # The instance's user owns the tree: the invoking user (also fake root's outside uid).
@@ -204,15 +211,15 @@ class ApptainerSandbox(SandboxContext):
                                                 os.getuid(), os.getgid())
                 self._layers.append(layer)
                 worktree = str(layer.path)
-            paths = InstancePaths(str(self._scratch / "overlay.img"), str(self._scratch / "work"),
-                                  str(self._scratch / "home"), worktree)
-            await self._tool(overlay_create_argv(self._exe, paths.overlay, self.overlay_mib, fakeroot=self.fakeroot),
+            paths = InstancePaths(str(scratch / "overlay.img"), str(scratch / "work"),
+                                  str(scratch / "home"), worktree)
+            await self._tool(overlay_create_argv(exe, paths.overlay, self.overlay_mib, fakeroot=self.fakeroot),
                              "overlay create")
             self._start_tried = True
-            profile = self._scratch / "seccomp.json"
+            profile = scratch / "seccomp.json"
             profile.write_text(json.dumps(oci_seccomp_profile()))
             self._security = security_argv(self.fakeroot, str(profile))
-            await self._tool(instance_start_argv(self._exe, spec, self.image, self.name, paths,
+            await self._tool(instance_start_argv(exe, spec, self.image, self.name, paths,
                                                  fakeroot=self.fakeroot, seccomp_profile=str(profile)),
                              "instance start", START_TIMEOUT_S)
             self.instance_pid = await self._listed_pid()
@@ -233,22 +240,24 @@ class ApptainerSandbox(SandboxContext):
         mode. It needs python3 in the image (the forwarder is one stdlib-only file, bound read-only)
         and runs with the agent's identity, so the agent could stop it (only losing its own TCP path).
         """
-        env_file = self._scratch / "env" / "forwarder"
+        exe, scratch = self._started()
+        env_file = scratch / "env" / "forwarder"
         env_file.write_text(env_file_text({"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"}))
-        argv = exec_argv(self._exe, self.name, "/", str(env_file),
+        argv = exec_argv(exe, self.name, "/", str(env_file),
                          ["python3", FORWARDER_IN_SANDBOX, "--port", str(self.spec.adapter_port),
                           "--unix", SOCKET_IN_SANDBOX], security=self._security)
-        log = open(self._scratch / "forwarder.log", "wb")
+        log = open(scratch / "forwarder.log", "wb")
         with log:
-            self._forwarder = subprocess.Popen(argv, env=tool_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                               stderr=log, start_new_session=True)
+            self._forwarder = forwarder = subprocess.Popen(argv, env=tool_env(), stdin=subprocess.DEVNULL,
+                                                           stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+        assert forwarder.stdout is not None     # stdout=PIPE
         try:
-            line = await asyncio.wait_for(asyncio.to_thread(self._forwarder.stdout.readline), timeout_s)
+            line = await asyncio.wait_for(asyncio.to_thread(forwarder.stdout.readline), timeout_s)
         except asyncio.TimeoutError:
             line = b""
         if b"listening" not in line:
-            kill_group(self._forwarder.pid, 1.0)       # also ends a readline still waiting
-            err = "\n".join((self._scratch / "forwarder.log").read_text(errors="replace").strip().splitlines()[-3:])
+            kill_group(forwarder.pid, 1.0)       # also ends a readline still waiting
+            err = "\n".join((scratch / "forwarder.log").read_text(errors="replace").strip().splitlines()[-3:])
             raise SandboxError(f"adapter forwarder did not start in the instance: {err}")
 
     async def exec(self, command: Sequence[str] | str, *, user: str = "agent", cwd: str | None = None,
@@ -262,11 +271,12 @@ class ApptainerSandbox(SandboxContext):
         # warns on stderr ("Overriding HOME environment variable ... is not permitted", apptainer#388).
         del full_env["HOME"]
         # A private file per exec (mkstemp: mode 0600): values stay out of argv, which `ps` shows to all.
-        fd, env_path = tempfile.mkstemp(prefix="exec-", dir=self._scratch / "env")
+        exe, scratch = self._started()
+        fd, env_path = tempfile.mkstemp(prefix="exec-", dir=scratch / "env")
         try:
             with os.fdopen(fd, "w") as f:
                 f.write(env_file_text(full_env))
-            argv = exec_argv(self._exe, self.name, cwd or self.spec.workdir, env_path, as_argv(command),
+            argv = exec_argv(exe, self.name, cwd or self.spec.workdir, env_path, as_argv(command),
                              security=self._security)
             return await run_process(argv, env=tool_env(), stdin=stdin, timeout_s=timeout_s)
         finally:
@@ -291,11 +301,13 @@ class ApptainerSandbox(SandboxContext):
                 if self._forwarder.poll() is None:
                     await asyncio.to_thread(kill_group, self._forwarder.pid, 1.0)
                 self._forwarder.wait()
-                self._forwarder.stdout.close()
+                if self._forwarder.stdout is not None:
+                    self._forwarder.stdout.close()
                 self._forwarder = None
             if self._start_tried:
+                exe, _ = self._started()
                 for force in (False, True):
-                    await run_process(stop_argv(self._exe, self.name, force=force), env=tool_env(), stdin=None,
+                    await run_process(stop_argv(exe, self.name, force=force), env=tool_env(), stdin=None,
                                       timeout_s=STOP_GRACE_S + 30)
                     if await self._listed_pid() is None:
                         break

@@ -147,6 +147,7 @@ async def run_process(argv: list[str], *, env: Mapping[str, str], stdin: bytes |
     # The command may have left children in its group (a background job): they go with it.
     if group_alive(proc.pid):
         kill_group(proc.pid, KILL_GRACE_S)
+    assert proc.returncode is not None     # communicate() returned: it has exited
     return ExecResult(proc.returncode, out, err, time.monotonic() - t0)
 
 

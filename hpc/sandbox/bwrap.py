@@ -27,6 +27,7 @@ import signal
 import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from .base import (
     AGENT_UID,
@@ -67,12 +68,13 @@ class BwrapSandbox(SandboxContext):
         self._dead: str | None = None
 
     async def start(self) -> None:
-        await asyncio.to_thread(self._start)
-        self._loop = asyncio.get_running_loop()
-        self._sock.setblocking(False)
-        self._loop.add_reader(self._sock.fileno(), self._on_message)
+        sock = await asyncio.to_thread(self._start)
+        self._loop = loop = asyncio.get_running_loop()
+        sock.setblocking(False)
+        loop.add_reader(sock.fileno(), self._on_message)
 
-    def _start(self) -> None:
+    def _start(self) -> socket.socket:
+        """Start the supervisor; its control socket (self._sock)."""
         if os.geteuid() != 0:
             # The supervisor maps a range of host uids for the sandbox's user namespace and
             # mounts its layers: both need root. Unprivileged sites use Apptainer.
@@ -84,15 +86,18 @@ class BwrapSandbox(SandboxContext):
         reap_abandoned(self.spec.scratch_dir)
         self._scratch = make_scratch("bwrap", self.spec.scratch_dir)
         try:
-            self._launch(self._plan(self._scratch))
+            return self._launch(self._plan(self._scratch))
         except BaseException:
             self._stop()
             raise
 
-    def _plan(self, scratch: Path) -> dict:
+    def _plan(self, scratch: Path) -> dict[str, Any]:
         """The supervisor's config: the layers to mount, the image's root to prepare, bwrap's argv."""
         spec = self.spec
-        layers, rootfs_host, workdir_host, etc_host = [], None, None, None
+        layers: list[dict[str, Any]] = []
+        rootfs_host: str | None = None
+        workdir_host: str | None = None
+        etc_host: str | None = None
         lowers = list(spec.rootfs_layers) or ([spec.rootfs] if spec.rootfs else [])
         for lower in lowers:
             if not os.path.isdir(lower):
@@ -129,8 +134,8 @@ class BwrapSandbox(SandboxContext):
         points = [("/", "dir"), *mount_points(argv), *((d, "dir") for d in self.spec.root_dirs)]
         return {"path": root, "mountpoints": points, "agent_tree": self.spec.workdir if agent_tree else None}
 
-    def _launch(self, cfg: dict) -> None:
-        cfg["log"] = str(self._scratch / "supervisor.log")
+    def _launch(self, cfg: dict[str, Any]) -> socket.socket:
+        cfg["log"] = str(Path(cfg["scratch"]) / "supervisor.log")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock = ours
         with theirs:
@@ -147,19 +152,24 @@ class BwrapSandbox(SandboxContext):
             reply = b""
         finally:
             ours.settimeout(None)
-        msg = json.loads(reply) if reply else {"op": "error", "error": "it exited"}
+        msg: dict[str, Any] = json.loads(reply) if reply else {"op": "error", "error": "it exited"}
         if msg["op"] != "ready":
             raise SandboxError(f"the sandbox did not start: {msg.get('error')}\n{self._supervisor_stderr()}")
         self.init_pid, self.uid_base, self.unenforced = msg["init"], msg["uid_base"], msg["unenforced"]
+        return ours
 
     def _supervisor_stderr(self) -> str:
+        if self._scratch is None:
+            return ""
         try:
             return (self._scratch / "supervisor.log").read_text(errors="replace").strip()[-2000:]
-        except (OSError, TypeError):
+        except OSError:
             return ""
 
     # -- the control channel ------------------------------------------------------------------
     def _on_message(self) -> None:
+        if self._sock is None or self._loop is None:     # stopped: the reader is being removed
+            return
         try:
             data = self._sock.recv(1 << 20)
         except BlockingIOError:
@@ -203,7 +213,8 @@ class BwrapSandbox(SandboxContext):
                 fut.add_done_callback(lambda f: f.exception())   # awaited or not, it is reported
         self._pending.clear()
 
-    async def _request(self, msg: dict, fds: Sequence[int] = ()) -> object:
+    async def _request(self, msg: dict[str, Any], fds: Sequence[int] = ()) -> Any:
+        """The supervisor's reply to `msg` (a JSON value: a pid, a count)."""
         if self._sock is None or self._loop is None:
             raise SandboxError("the sandbox is not running (exec before start(), or after stop())")
         if self._dead:
@@ -304,8 +315,9 @@ class BwrapSandbox(SandboxContext):
         if self._pidfd is not None:
             if not select.select([self._pidfd], [], [], 30)[0]:
                 # Its bwrap dies with it (--die-with-parent); the scratch is removed below.
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.supervisor_pid, signal.SIGKILL)
+                if self.supervisor_pid is not None:     # it has a pidfd: it was started
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(self.supervisor_pid, signal.SIGKILL)
                 select.select([self._pidfd], [], [], 10)
             os.close(self._pidfd)
             self._pidfd = None
@@ -319,7 +331,9 @@ class _Collector:
     """Everything a pipe delivers, read on the event loop; close() stops at once."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fd: int):
-        self.loop, self.fd, self.chunks, self.transport = loop, fd, [], None
+        self.loop, self.fd = loop, fd
+        self.chunks: list[bytes] = []
+        self.transport: asyncio.ReadTransport | None = None
 
     async def run(self) -> None:
         reader = asyncio.StreamReader(limit=1 << 20)

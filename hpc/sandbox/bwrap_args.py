@@ -48,6 +48,8 @@ def bwrap_argv(spec: SandboxSpec, *, workdir_host: str | None, etc_host: str | N
         # points (/proc, /run/agentrl, the workdir) and the agent can install packages.
         argv += ["--bind", rootfs_host, "/"]
     else:
+        if etc_host is None:
+            raise ValueError("bwrap_argv: without rootfs_host (the host image), etc_host is needed")
         argv += ["--ro-bind", "/usr", "/usr"]
         for d in _USR_MERGED:
             if os.path.islink(f"/{d}"):

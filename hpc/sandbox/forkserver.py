@@ -14,9 +14,15 @@ import subprocess
 import threading
 from pathlib import Path
 
+import hpc
+
 from .base import SandboxError
 
-_REPO = str(Path(__file__).resolve().parents[2])
+# The supervisor runs on the system Python (SUPERVISOR_PYTHON), which does not see this interpreter's
+# packages: point it at the directory that holds `hpc`, the checkout in an editable install and
+# site-packages in an installed wheel. The supervisor imports nothing else from there: only hpc.sandbox and
+# the standard library (and Debian's python3-seccomp, which that directory lacks).
+_HPC_PARENT = str(Path(hpc.__file__).resolve().parents[1])
 
 
 class ForkServer:
@@ -32,11 +38,12 @@ class ForkServer:
         with self._lock:
             for attempt in (1, 2):
                 # A fork of this process (multiprocessing, say) must not share the parent's server.
-                if self._proc is None or self._owner != os.getpid() or self._proc.poll() is not None:
-                    self._spawn()
+                proc, ctl = self._proc, self._sock
+                if proc is None or ctl is None or self._owner != os.getpid() or proc.poll() is not None:
+                    proc, ctl = self._spawn()
                 try:
-                    socket.send_fds(self._sock, [b'{"op": "fork"}'], [sock.fileno()])
-                    reply = self._sock.recv(4096)
+                    socket.send_fds(ctl, [b'{"op": "fork"}'], [sock.fileno()])
+                    reply = ctl.recv(4096)
                 except OSError:
                     reply = b""
                 if reply:
@@ -44,25 +51,27 @@ class ForkServer:
                     if msg["op"] != "forked":
                         raise SandboxError(f"the sandbox fork server refused: {msg.get('error')}")
                     return msg["pid"]
-                self._proc.wait()
-                why = self._proc.stderr.read().decode(errors="replace").strip()[-2000:]
+                proc.wait()
+                why = (proc.stderr.read() if proc.stderr else b"").decode(errors="replace").strip()[-2000:]
                 self._proc = None
                 if attempt == 2:      # once more after a fork server that was killed; twice is a fault
                     raise SandboxError(f"the sandbox fork server ({self.python}) exited: {why or 'no reason given'}")
         raise AssertionError("unreachable")
 
-    def _spawn(self) -> None:
+    def _spawn(self) -> tuple[subprocess.Popen, socket.socket]:
+        """A fresh fork server and our end of its control socket (self._proc, self._sock)."""
         self._owner = os.getpid()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             self._proc = subprocess.Popen(
                 [self.python, "-m", "hpc.sandbox.supervisor", "--serve", "--fd", str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),), env={"PYTHONPATH": _REPO, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                pass_fds=(theirs.fileno(),), env={"PYTHONPATH": _HPC_PARENT, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                 cwd="/", start_new_session=True)     # cwd: -m would import an `hpc` found there first
         if self._sock is not None:
             self._sock.close()
         self._sock = ours
+        return self._proc, ours
 
 
 _fork_servers: dict[str, ForkServer] = {}

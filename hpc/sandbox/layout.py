@@ -24,7 +24,8 @@ STAGE_DIR = "/run/agentrl/stage"
 
 def stage_binds(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
     """bwrap's argv with every bind source replaced by its staged path, and (source, staged) pairs."""
-    out, pairs = list(argv), []
+    out = list(argv)
+    pairs: list[tuple[str, str]] = []
     for i, flag, args in options(argv):
         if flag in BINDS:
             staged = f"{STAGE_DIR}/{len(pairs)}"

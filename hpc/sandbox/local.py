@@ -71,6 +71,8 @@ class LocalSandbox(SandboxContext):
                    env: Mapping[str, str] | None = None, timeout_s: float | None = None,
                    stdin: bytes | None = None) -> ExecResult:
         check_user(user)
+        if self._scratch is None:
+            raise SandboxError("the local sandbox is not started")
         host_cwd = self.host_path(cwd or self.spec.workdir)
         full_env = sandbox_env(self.spec, env, user)
         full_env["HOME"] = str(self._scratch / "home")     # /home/agent and /root are not ours here

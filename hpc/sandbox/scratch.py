@@ -43,7 +43,8 @@ def owner_of(name: str) -> tuple[str, int] | None:
 def reap_abandoned(root: str | None) -> list[Path]:
     """Remove scratch directories under `root` whose owner, a process of this host, is gone."""
     base = Path(root or tempfile.gettempdir())
-    host, removed = socket.gethostname(), []
+    host = socket.gethostname()
+    removed: list[Path] = []
     try:
         names = os.listdir(base)
     except FileNotFoundError:

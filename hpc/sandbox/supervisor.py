@@ -92,10 +92,11 @@ class Supervisor:
         self.filter = sandbox_filter()
         reap_abandoned(_alive)
         self.cgroup = Cgroup.create(f"{CGROUP_PREFIX}{os.getpid()}.{self.slot}", self.limits)
-        self.bwrap_pid = self.init_pid = None
+        self.bwrap_pid: int | None = None
+        self.init_pid: int | None = None
         self.ns_fds: list[tuple[int, int]] = []
         self.root_fd = -1
-        self.pidns = None
+        self.pidns: int | None = None
         self.spared: set[int] = set()
         self.spawned: set[int] = set()
 
@@ -127,8 +128,8 @@ class Supervisor:
             for f in ("uid_map", "gid_map"):
                 Path(f"/proc/{pid}/{f}").write_text(self.uids.id_map())
             os.write(go_w, b"g")
-            self.init_pid = self._read_info(info_r, err_r)
-            self._wait_ready()
+            self.init_pid = init_pid = self._read_info(pid, info_r, err_r)
+            self._wait_ready(init_pid)
         finally:
             for fd in (up_r, go_w, err_r, info_r):
                 os.close(fd)
@@ -150,13 +151,13 @@ class Supervisor:
         os.setresgid(0, 0, 0)
         os.setresuid(0, 0, 0)
 
-    def _read_info(self, info_r: int, err_r: int, timeout_s: float = 30.0) -> int:
+    def _read_info(self, bwrap_pid: int, info_r: int, err_r: int, timeout_s: float = 30.0) -> int:
         buf, deadline = b"", time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             chunk = os.read(info_r, 4096)
             if not chunk:
                 err = os.read(err_r, 4096).decode(errors="replace")
-                _, status = os.waitpid(self.bwrap_pid, 0)
+                _, status = os.waitpid(bwrap_pid, 0)
                 self.bwrap_pid = None
                 raise RuntimeError(f"bwrap exited ({os.waitstatus_to_exitcode(status)}): {err}".rstrip(": "))
             buf += chunk
@@ -164,15 +165,15 @@ class Supervisor:
                 return int(json.loads(buf)["child-pid"])
         raise RuntimeError(f"bwrap gave no sandbox info in {timeout_s:.0f} s")
 
-    def _wait_ready(self, timeout_s: float = 30.0) -> None:
+    def _wait_ready(self, init_pid: int, timeout_s: float = 30.0) -> None:
         """bwrap reports pid 1 before its mounts are done; once pid 1 is sleep (exec'd after the
         mounts), they are."""
-        cmdline = Path(f"/proc/{self.init_pid}/cmdline")
+        cmdline = Path(f"/proc/{init_pid}/cmdline")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
                 if cmdline.read_bytes() == b"sleep\0infinity\0":
-                    self.spared = {self.init_pid}
+                    self.spared = {init_pid}
                     return
             except FileNotFoundError:
                 raise RuntimeError("bwrap exited while starting the sandbox (its message is above)") from None
@@ -237,7 +238,7 @@ class Supervisor:
         raise RuntimeError("processes of the sandbox kept appearing after 200 rounds of SIGKILL")
 
     def reap(self) -> list[tuple[int, int]]:
-        out = []
+        out: list[tuple[int, int]] = []
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)

@@ -93,7 +93,7 @@ def build(spec: Spec, bug: Bug, fn: str, pkg: str, mod: str) -> Draft:
     want_of = {}
     for args, shows in calls:
         want = want_of[repr(args)] = outcome(good, args)
-        if not (_literal(want[1]) if want[0] == "returns" else isinstance(getattr(builtins, want[1], None), type)):
+        if not (_literal(want[1]) if want[0] == "returns" else isinstance(getattr(builtins, str(want[1]), None), type)):
             raise GenerationError(f"{what}: {_call(fn, args)} {says(want, True)}, which no test can spell")
         if (outcome(bad, args) != want) != shows:
             raise GenerationError(f"{what}: the bug {'does not change' if shows else 'changes'} "

@@ -19,33 +19,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpc.inference.serve import InferenceConfigError, role_env, serve
+    from hpc.inference.serve import InferenceConfigError, serve
     from hpc.records import RecordError
     from hpc.runlayout import RunDirError, RunLayout
 
-    from .run_config import RunConfigError, role_config
+    from ..run_config import RunConfigError, role_context
 
     try:
-        env = role_env()
-        run_dir = args.run_dir or env.run_dir
-        if run_dir is None:
-            raise RunConfigError("no run directory: pass --run-dir, or run under `agentrl launch` (AGENTRL_RUN_DIR)")
-        config = role_config(run_dir, args.config)
-        section = config.section("inference")
-        layout = RunLayout.open(run_dir) if (Path(run_dir) / "run.yaml").exists() else \
-            RunLayout.create(run_dir, config=config.raw)
-        return serve(section, layout.root, env, f"{config.source}: inference")
+        ctx = role_context(args.run_dir, args.config, how="--run-dir")
+        section = ctx.config.section("inference")
+        layout = RunLayout.open(ctx.run_dir) if (ctx.run_dir / "run.yaml").exists() else \
+            RunLayout.create(ctx.run_dir, config=ctx.config.raw)
+        return serve(section, layout.root, ctx.env, f"{ctx.config.source}: inference")
     except (RunConfigError, InferenceConfigError, RunDirError, RecordError) as e:
         print(f"agentrl serve: {e}", file=sys.stderr)
         return 2
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="agentrl serve", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return run(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

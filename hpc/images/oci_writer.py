@@ -1,4 +1,6 @@
-"""Make small OCI image layouts, oci-archives and docker-archives for the tests.
+"""Make small OCI image layouts, oci-archives and docker-archives, for the tests and the image benchmark.
+
+The pipeline itself only reads images (hpc.images.oci); this writer is here so that both can import it.
 
 A layer is a list of `E` (one tar entry each, so hostile names can be written too) or is
 made from a directory with `dir_entries` (modes, symlinks and hardlinks kept; a file named
@@ -32,7 +34,8 @@ class E:
 
 def dir_entries(root: Path) -> list[E]:
     """The tree under `root` as entries, parents first, names relative to `root`."""
-    out, seen = [], {}
+    out: list[E] = []
+    seen: dict[tuple[int, int], str] = {}
     for dirpath, dirs, files in os.walk(root):
         dirs.sort()
         for name in sorted(dirs) + sorted(files):

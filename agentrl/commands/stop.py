@@ -1,0 +1,43 @@
+"""Stop a run: scancel its Slurm jobs, or send SIGTERM to its local driver."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+
+from .status import open_run
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", help="the run directory")
+
+
+def run(args: argparse.Namespace) -> int:
+    from hpc.launch.state import read_end, read_launch_record
+
+    layout = open_run(args.run)
+    if layout is None:
+        return 2
+    rec = read_launch_record(layout)
+    end = read_end(layout)
+    if rec is None or end is not None:
+        print(f"{layout.root}: nothing to stop ({end.state if end else 'never launched'})")
+        return 0
+    if rec.job_id:
+        r = subprocess.run(["scancel", *rec.job_id.split(",")], capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"scancel failed: {r.stderr.strip()}", file=sys.stderr)
+            return 1
+        print(f"agentrl: cancelled job(s) {rec.job_id}")
+        return 0
+    if rec.driver_pid:
+        try:
+            os.kill(rec.driver_pid, signal.SIGTERM)
+        except ProcessLookupError:
+            print(f"driver pid {rec.driver_pid} is gone; the run ended without recording it", file=sys.stderr)
+            return 1
+        print(f"agentrl: sent SIGTERM to the local driver (pid {rec.driver_pid})")
+    return 0

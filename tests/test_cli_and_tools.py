@@ -43,26 +43,44 @@ def test_ledger_status_of_a_run(tmp_path, capsys):
 @pytest.mark.integration
 def test_benchmark_prints_its_figures_as_json_last(tmp_path):
     r = subprocess.run([sys.executable, "-m", "benchmarks.ledger_bench", "--procs", "1,2",
-                        "--pairs", "64", "--dir", str(tmp_path), "--json"],
+                        "--pairs", "64", "--outstanding", "40,400", "--dir", str(tmp_path), "--json"],
                        capture_output=True, text=True, timeout=120, check=True, cwd=ROOT)
     figures = json.loads(r.stdout.strip().splitlines()[-1])
     assert [row["procs"] for row in figures["results"]] == [1, 2]
     for row in figures["results"]:
         assert row["pairs"] >= 64 and row["pairs_per_s"] > 0 and row["floor_ops_per_s"] > 0
         assert row["ratio_to_floor"] == pytest.approx(row["pairs_per_s"] / row["floor_ops_per_s"], rel=0.01)
-    bad = subprocess.run([sys.executable, "-m", "benchmarks.ledger_bench", "--procs", "0"],
-                         capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert bad.returncode == 2 and "--procs must be positive integers" in bad.stderr
+    # half of the attempts are held by others; 16 workers claim 4 each of what is left
+    assert [(row["outstanding"], row["pairs"]) for row in figures["scale"]] == [(40, 20), (400, 64)]
+    for row in figures["scale"]:
+        assert 0 < row["stats_per_pair"] < row["calls_per_pair"] and row["pair_p99_ms"] >= row["pair_p50_ms"] > 0
+    for flag, value, message in (("--procs", "0", "--procs must be positive integers"),
+                                 ("--outstanding", "1", "--outstanding must be integers of at least 2")):
+        bad = subprocess.run([sys.executable, "-m", "benchmarks.ledger_bench", flag, value],
+                             capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert bad.returncode == 2 and message in bad.stderr
+
+
+def test_file_system_calls_are_counted_by_name_and_the_real_functions_put_back(tmp_path):
+    import io
+    import os
+
+    from benchmarks.fs_calls import counted
+
+    real_stat, real_open = os.stat, io.open
+    with counted() as calls:
+        (tmp_path / "f").write_text("x")
+        assert (tmp_path / "f").exists() and not os.path.lexists(tmp_path / "g")
+        os.listdir(tmp_path)
+    assert dict(calls) == {"open": 1, "stat": 1, "lstat": 1, "listdir": 1}
+    assert (os.stat, io.open) == (real_stat, real_open)
 
 
 def test_the_benchmarks_percentile_is_numpys_default():
-    import importlib.util
-
     import numpy as np
 
-    spec = importlib.util.spec_from_file_location("benchmarks_common", ROOT / "benchmarks" / "common.py")
-    common = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(common)
+    from benchmarks import common
+
     rng = np.random.default_rng(0)
     for n in (1, 2, 3, 10, 101):
         xs = rng.exponential(size=n).tolist()

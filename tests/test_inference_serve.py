@@ -25,7 +25,6 @@ from hpc.inference.serve import (
     cpu_server_argv,
     gpu_shortfall,
     parse_inference,
-    role_env,
 )
 from hpc.launch.distenv import free_port
 from hpc.registry import Registry
@@ -42,13 +41,13 @@ FAKE_SGLANG = Path(__file__).resolve().parent / "fake_sglang"
 # -- config and environment -------------------------------------------------------------------------------------
 
 def test_role_env_reads_the_launchers_variables():
-    env = role_env({"AGENTRL_RUN_DIR": "/runs/a", "AGENTRL_ROLE": "inference", "AGENTRL_TASK_INDEX": "3",
+    env = RoleEnv.from_environ({"AGENTRL_RUN_DIR": "/runs/a", "AGENTRL_ROLE": "inference", "AGENTRL_TASK_INDEX": "3",
                     "CUDA_VISIBLE_DEVICES": "4,5"})
     assert env == RoleEnv(run_dir=Path("/runs/a"), role="inference", task_index=3, visible_gpus=("4", "5"))
-    assert role_env({}) == RoleEnv()
-    assert role_env({"CUDA_VISIBLE_DEVICES": ""}).visible_gpus == ()
-    with pytest.raises(InferenceConfigError, match="AGENTRL_TASK_INDEX='-1' is not a task index"):
-        role_env({"AGENTRL_TASK_INDEX": "-1"})
+    assert RoleEnv.from_environ({}) == RoleEnv()
+    assert RoleEnv.from_environ({"CUDA_VISIBLE_DEVICES": ""}).visible_gpus == ()
+    with pytest.raises(ValueError, match="AGENTRL_TASK_INDEX='-1' is not a task index"):
+        RoleEnv.from_environ({"AGENTRL_TASK_INDEX": "-1"})
 
 
 def test_an_sglang_section_becomes_each_tasks_server(tmp_path):

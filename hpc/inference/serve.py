@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import signal
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,14 +36,7 @@ ENGINES = ("sglang", "cpu")
 
 
 class InferenceConfigError(ValueError):
-    """The inference section (or the role's environment) cannot be served; the message names the field."""
-
-
-def role_env(environ: Mapping[str, str] | None = None) -> RoleEnv:
-    try:
-        return RoleEnv.from_environ(environ)
-    except ValueError as e:
-        raise InferenceConfigError(str(e)) from None
+    """The inference section cannot be served; the message names the field."""
 
 
 class CpuServe(BaseModel):

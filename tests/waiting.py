@@ -9,8 +9,10 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_until(predicate: Callable[[], T], timeout: float, what: str = "the condition", poll_s: float = 0.05) -> T:
-    """The predicate's first truthy value; AssertionError after `timeout` seconds without one."""
+def wait_until(predicate: Callable[[], T], timeout: float, what: str = "the condition", poll_s: float = 0.2) -> T:
+    """The predicate's first truthy value; AssertionError after `timeout` seconds without one. Five polls a
+    second: a predicate may run squeue or read a run's records, and polling faster takes the CPU the
+    processes waited on need (2 cores under CI)."""
     deadline = time.monotonic() + timeout
     while True:
         if value := predicate():

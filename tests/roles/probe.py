@@ -20,6 +20,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
+def report(path: Path, seen: dict) -> None:
+    """Written whole or not at all: the test reads these while the role runs."""
+    from hpc.fsio import write_atomic
+    write_atomic(path, json.dumps(seen).encode(), fsync=False)
+
+
 def main() -> int:
     run = Path(os.environ["AGENTRL_RUN_DIR"])
     role, index = os.environ["AGENTRL_ROLE"], os.environ["AGENTRL_TASK_INDEX"]
@@ -46,14 +52,14 @@ def main() -> int:
         t = torch.tensor([float(env.rank + 1)])
         dist.all_reduce(t)
         seen.update(rank=env.rank, world_size=env.world_size, allreduce=t.item())
-        (out / f"{role}-{index}.json").write_text(json.dumps(seen))
+        report(out / f"{role}-{index}.json", seen)
         while not (out / "finish").exists():
             if (out / f"fail-{env.rank}").exists():
                 return 3
             time.sleep(0.1)
         dist.destroy_process_group()
         return 0
-    (out / f"{role}-{index}-{os.getpid()}.json").write_text(json.dumps(seen))
+    report(out / f"{role}-{index}-{os.getpid()}.json", seen)
     from hpc.environment import RoleEnv
     from hpc.liveness import beat
 

@@ -8,9 +8,10 @@ rollout metrics read them back through the same codec:
     write_shard(buffer_dir, claim, samples, SAMPLE_CODEC)
     read_rollout(ledger, buffer_dir, rollout_id, SAMPLE_CODEC)   # {group: [Sample, ...]}
 
-Arrays are stored exactly: tokens int32, loss_mask uint8, rollout_log_probs float32 (hpc.buffer
-keeps dtype and bytes). The metadata is typed (`SampleMetadata`): a field that was not recorded
-is None, and a record with a field this version does not know is refused.
+Arrays are stored exactly: tokens int32, loss_mask uint8, rollout_log_probs float32 and
+token_versions int32 (hpc.buffer keeps dtype and bytes). The metadata is typed (`SampleMetadata`):
+a field that was not recorded is None, and a record with a field this version does not know is
+refused.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from hpc.validation import problems
 
 from .harness.empty_patch import EmptyPatchClass
 
-_ARRAYS = {"tokens": np.int32, "loss_mask": np.uint8, "rollout_log_probs": np.float32}
+_ARRAYS = {"tokens": np.int32, "loss_mask": np.uint8, "rollout_log_probs": np.float32, "token_versions": np.int32}
+UNKNOWN_VERSION = -1     # in token_versions: not the model's token (prompt, tool output), or no version reported
 
 
 class AttemptMetadata(BaseModel):
@@ -59,7 +61,7 @@ class SampleMetadata(AttemptMetadata):
 
     chain_turns: int | None = None             # turns on the sample's chain, trained here or in a sibling
     trained_tokens: int | None = None
-    weight_version: int | None = None          # the newest of the trained turns' weight versions
+    weight_version: int | None = None          # the newest of the trained turns' weight versions (token_versions)
     truncated: bool | None = None              # the chain's last turn stopped at its token limit
     ill_formed_turns: int | None = None        # trained turns whose output did not parse
 
@@ -77,8 +79,13 @@ class Sample:
     group_index: int
     attempt: int
     metadata: SampleMetadata = field(default_factory=SampleMetadata)
+    # Per response token, the weight version of the model that generated it (UNKNOWN_VERSION where none did,
+    # or none was reported): an agent's session may span a weight update. Left empty: all unknown (older shards).
+    token_versions: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
 
     def __post_init__(self) -> None:
+        if not len(self.token_versions):
+            self.token_versions = np.full(max(0, int(self.response_length)), UNKNOWN_VERSION, np.int32)
         for name, dtype in _ARRAYS.items():
             setattr(self, name, np.asarray(getattr(self, name), dtype=dtype))
         # Plain Python numbers, whatever the caller computed them with: what a shard record holds.
@@ -90,7 +97,7 @@ class Sample:
             wrong.append("tokens must be 1-D")
         if not 0 <= self.response_length <= len(self.tokens):
             wrong.append(f"response_length {self.response_length} is outside 0..{len(self.tokens)}")
-        for name in ("loss_mask", "rollout_log_probs"):
+        for name in ("loss_mask", "rollout_log_probs", "token_versions"):
             if len(getattr(self, name)) != self.response_length:
                 wrong.append(f"{name} has {len(getattr(self, name))} entries, "
                                 f"response_length is {self.response_length}")
@@ -109,7 +116,8 @@ class SampleCodec:
 
     def to_record(self, item: Sample) -> dict[str, Any]:
         return {"tokens": item.tokens, "response_length": item.response_length, "loss_mask": item.loss_mask,
-                "rollout_log_probs": item.rollout_log_probs, "reward": item.reward, "status": item.status,
+                "rollout_log_probs": item.rollout_log_probs, "token_versions": item.token_versions,
+                "reward": item.reward, "status": item.status,
                 "group_index": item.group_index, "attempt": item.attempt,
                 "metadata": item.metadata.model_dump(mode="json")}
 

@@ -75,6 +75,11 @@ def test_clean_chain_is_one_sample_training_exactly_the_sampled_tokens():
     assert all(lp == 0.0 for m, lp in zip(s.loss_mask, s.rollout_log_probs, strict=True) if not m)
     assert (s.turns, s.weight_versions, s.finish_reason, s.truncated) == (5, (0, 4), "stop", False)
     assert s.metas == tuple({"call": i} for i in range(5))
+    # Each sampled token carries its turn's weight version; prompt and tool tokens none (-1)
+    versions = {(pos, tok): s.token_versions[pos - s.prompt_length] for pos, tok, _ in trained(s)}
+    assert versions == {(len(t.prompt_ids) + j, tok): i for i, t in enumerate(turns)
+                        for j, tok in enumerate(t.output_ids.tolist())}
+    assert all(v == -1 for m, v in zip(s.loss_mask, s.token_versions, strict=True) if not m)
 
 
 def test_realign_at_the_end_of_a_response_keeps_one_sample():

@@ -310,3 +310,67 @@ def test_a_server_answering_200_without_json_is_not_taken_for_a_publish():
         lambda request: httpx.Response(200, text="<html>welcome</html>")))
     with pytest.raises(SGLangError, match="answered 200 with no JSON: '<html>welcome</html>'"):
         client.update_weights(Path("/ckpt/iter_1/hf"), 1)
+
+
+def test_rollouts_run_ahead_of_training_and_stale_tokens_never_reach_a_step(tiny_model, prompts, tmp_path):
+    """max_staleness 1: rollout r+1 is open (and worked on) while r trains. Tokens of weights more than one
+    rollout behind the policy are masked: a rollout left with none trains no step."""
+    from hpc.ledger import Ledger
+
+    events: list[str] = []
+    real_close, real_open = Ledger.close_rollout, Ledger.open_rollout
+
+    def close(self, r):
+        events.append(f"close {r}")
+        return real_close(self, r)
+
+    def open_(self, r, *a, **kw):
+        events.append(f"open {r}")
+        return real_open(self, r, *a, **kw)
+
+    stepped: dict[str, list[tuple[int, set[int]]]] = {}
+
+    class Recording(Trainer):
+        """Records, for every train step, the policy's version and the versions of the tokens it trains."""
+        def make_policy(self):
+            policy = super().make_policy()
+            real_step = policy.train_step
+
+            def step(batch, plan):
+                seen = {int(v) for mb in plan.micro_batches for i in mb
+                        for v, m in zip(batch.samples[i].token_versions, batch.samples[i].loss_mask, strict=True) if m}
+                stepped.setdefault(self.run.root.name, []).append((self.iteration, seen))
+                return real_step(batch, plan)
+            policy.train_step = step
+            return policy
+
+        def one_rollout(self, r, *a):
+            self.iteration = r
+            return super().one_rollout(r, *a)
+
+    def published(run: RunLayout):
+        """The version a server serves when the pool claims: the one last published."""
+        return lambda claim: (run.published_weights() or (0, None))[0]
+
+    Ledger.close_rollout, Ledger.open_rollout = close, open_
+    try:
+        ahead = RunLayout.create(tmp_path / "ahead")
+        with FakePool(ahead.root, version=published(ahead)):
+            Recording(ahead, config(tiny_model, prompts, num_rollouts=3, max_staleness=1)).train()
+        order, events[:] = list(events), []
+        stale = RunLayout.create(tmp_path / "stale")
+        with FakePool(stale.root, version=lambda claim: 0):       # a server that never took new weights
+            Recording(stale, config(tiny_model, prompts, num_rollouts=3, max_staleness=1)).train()
+    finally:
+        Ledger.close_rollout, Ledger.open_rollout = real_close, real_open
+    assert order == ["open 0", "open 1", "close 0", "open 2", "close 1", "close 2"]
+    for r, versions in stepped["ahead"]:
+        assert versions and all(0 <= r - v <= 1 for v in versions), (r, versions)
+    lines = metrics(ahead.root)
+    assert all(m["staleness/masked_tokens"] == 0 and "train/loss" in m for m in lines)
+    assert sum(m.get("staleness/tokens_lag_1", 0) for m in lines) > 0    # some tokens came from a rollout behind
+
+    assert [r for r, _ in stepped["stale"]] == [0, 1] and all(v == {0} for _, v in stepped["stale"])
+    last = metrics(stale.root)[-1]
+    assert last["rollout"] == 2 and "train/loss" not in last and last["staleness/dropped_samples"] == 9
+    assert last["staleness/masked_tokens"] == last["staleness/tokens_lag_2"] > 0

@@ -227,6 +227,11 @@ async def in_session_thread(session: Session, fn: Callable[..., Any], *args: Any
 
 
 def _version(v: str | None) -> int | None:
+    """The turn's weight version. SGLang calls the weights a server started with "default": agentrl starts
+    servers on the run's initial model (version 0) or names the published version it loads
+    (hpc.inference.serve), so "default" is version 0. Anything else not a number is unknown (None)."""
+    if v == "default":
+        return 0
     try:
         return int(v) if v is not None else None
     except ValueError:

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ..sample import AttemptMetadata, Sample, SampleMetadata
+from ..sample import UNKNOWN_VERSION, AttemptMetadata, Sample, SampleMetadata
 
 _ITEM = np.dtype(np.int32).itemsize
 
@@ -92,6 +92,7 @@ class Chain:
     prompt_length: int
     loss_mask: list[int]
     rollout_log_probs: list[float]
+    token_versions: list[int]                    # per response token, its turn's weight version (-1: none)
     turns: int                                   # turns on the chain, trained here or not
     trained_tokens: int
     weight_versions: tuple[int, int] | None      # (oldest, newest); None when no trained turn has one
@@ -111,7 +112,8 @@ class Chain:
         """The chain as the finish_session route returns it (docs/adapter.md)."""
         return {"tokens": list(self.tokens), "prompt_length": self.prompt_length,
                 "response_length": self.response_length, "loss_mask": list(self.loss_mask),
-                "rollout_log_probs": list(self.rollout_log_probs), "turns": self.turns,
+                "rollout_log_probs": list(self.rollout_log_probs), "token_versions": list(self.token_versions),
+                "turns": self.turns,
                 "trained_tokens": self.trained_tokens, "weight_versions": self.weight_versions,
                 "finish_reason": self.finish_reason, "truncated": self.truncated,
                 "ill_formed_turns": self.ill_formed_turns}
@@ -124,7 +126,8 @@ class Chain:
                                   truncated=self.truncated, ill_formed_turns=self.ill_formed_turns)
         return Sample(tokens=np.asarray(self.tokens, np.int32), response_length=self.response_length,
                       loss_mask=np.asarray(self.loss_mask, np.uint8),
-                      rollout_log_probs=np.asarray(self.rollout_log_probs, np.float32), reward=reward,
+                      rollout_log_probs=np.asarray(self.rollout_log_probs, np.float32),
+                      token_versions=np.asarray(self.token_versions, np.int32), reward=reward,
                       status="completed", group_index=group_index, attempt=attempt, metadata=recorded)
 
 
@@ -278,20 +281,25 @@ def _sample(chain: list[_Node], own: list[_Node]) -> Chain:
     leaf = chain[-1]
     tokens = np.concatenate([np.frombuffer(node.tail + node.kept_bytes, np.int32) for node in chain])
     mask, logprobs = np.zeros(len(tokens), np.int8), np.zeros(len(tokens))
+    versions = np.full(len(tokens), UNKNOWN_VERSION, np.int32)
+    for node in chain:        # every model token, trained here or in a sibling: which weights wrote it
+        if node.weight_version is not None:
+            versions[node.prompt_length:node.held_length] = node.weight_version
     for node in own:
         trained = slice(node.prompt_length, node.held_length)
         mask[trained] = 1
         logprobs[trained] = node.output_logprobs[:node.kept]
     start = chain[0].prompt_length
-    versions = [node.weight_version for node in own if node.weight_version is not None]
+    trained_versions = [node.weight_version for node in own if node.weight_version is not None]
     return Chain(
         tokens=tokens.tolist(),
         prompt_length=start,
         loss_mask=mask[start:].tolist(),
         rollout_log_probs=logprobs[start:].tolist(),
+        token_versions=versions[start:].tolist(),
         turns=len(chain),
         trained_tokens=sum(node.kept for node in own),
-        weight_versions=(min(versions), max(versions)) if versions else None,
+        weight_versions=(min(trained_versions), max(trained_versions)) if trained_versions else None,
         finish_reason=leaf.finish_reason,
         ill_formed_turns=sum(node.ill_formed for node in own),
         metas=tuple(node.meta for node in chain),

@@ -44,6 +44,10 @@ class TrainConfig(BaseModel):
     rollout_timeout_s: float = Field(default=24 * 3600.0, gt=0)     # then train on what is complete
     shuffle: bool = True
     seed: int = 0
+    # Rollouts kept open ahead of the one trained on (docs/train.md, "Rollouts ahead of training"): 0 is the
+    # synchronous loop; k > 0 lets sandboxes and servers work while the trainer trains, on tokens up to k
+    # rollouts (+ publish_every - 1) behind the policy; older ones are masked (agentrl/train/staleness.py).
+    max_staleness: int = Field(default=0, ge=0)
     # steps
     global_batch_size: int | None = Field(default=None, gt=0)   # attempts per optimizer step; None: all
     max_tokens_per_gpu: int = Field(default=32768, gt=0)
@@ -79,6 +83,10 @@ class TrainConfig(BaseModel):
         if self.global_batch_size is not None and attempts % self.global_batch_size:
             raise ValueError(f"global_batch_size {self.global_batch_size} does not divide the rollout's "
                              f"{attempts} attempts (rollout_batch_size x n_samples_per_prompt)")
+        if self.colocated and self.max_staleness:
+            raise ValueError(f"max_staleness {self.max_staleness} with colocated: true: colocated servers release "
+                             "their GPU memory while the trainer trains, so no rollout can run meanwhile; set "
+                             "max_staleness: 0, or give inference GPUs of its own (colocated: false)")
         if not (self.model / "config.json").is_file():
             raise ValueError(f"model: {self.model} holds no config.json (a Hugging Face model directory)")
         if not self.prompt_data.is_file():

@@ -1,5 +1,8 @@
 """The trainer role: open a rollout, wait for its groups, close it, train, checkpoint, publish, next.
 
+With `max_staleness` k > 0 it keeps rollouts r..r+k open while it trains rollout r, so the pool never
+runs out of claims; what lags too far behind the policy is masked (agentrl/train/staleness.py).
+
 Every rank runs this loop; rank 0 alone writes to the ledger, checkpoints, metrics and inference
 servers, and the ranks meet at barriers. Rollout r asks the prompt source for absolute groups
 [r*B, (r+1)*B), and rank 0 opens the rollout with what each group is (agentrl.prompts.groups): pool
@@ -37,6 +40,7 @@ from .checkpoint import TrainerState, apply_retention, load_latest, save_checkpo
 from .config import TrainConfig
 from .policy import Policy
 from .publish import ColocatedInference, publish_weights
+from .staleness import bound_staleness, staleness_bound
 from .torch_backend import TorchPolicy, barrier, world
 from .tracking import NoTracker, Tracker, make_tracker
 
@@ -156,7 +160,8 @@ class Trainer:
     def one_rollout(self, r: int, source: PromptSource, policy: Policy, state: TrainerState) -> TrainerState:
         cfg = self.cfg
         t0 = self.clock()
-        self.open_rollout(r, source)
+        for ahead in range(r, min(r + cfg.max_staleness, cfg.num_rollouts - 1) + 1):
+            self.open_rollout(ahead, source)       # those open already are kept
         barrier()
         self.close_rollout(r)
         barrier()
@@ -186,14 +191,22 @@ class Trainer:
                                           rollout_s=timing["rollout_s"], infra_failures=self.ledger.status(r).failed))
         if cfg.control == "shuffle_rewards":   # the report above keeps the true rewards
             batch = rollout_batch(shuffle_rewards(groups, f"{cfg.seed}/{r}"), std_normalize=cfg.std_normalize)
+        # The policy has trained r rollouts: what lags more than the bound behind it leaves the loss.
+        batch, staleness = bound_staleness(batch, policy_version=r, mask_unknown=cfg.max_staleness > 0,
+                                           bound=staleness_bound(cfg.max_staleness, cfg.publish_every))
+        metrics.update(staleness.metrics())
         t1 = self.clock()
-        steps = plan_steps(batch, global_batch_size=cfg.global_batch_size, max_tokens_per_gpu=cfg.max_tokens_per_gpu,
-                           dp_size=policy.dp_size, rank=policy.dp_rank)
         step_metrics = []
-        for plan in steps:
-            step_metrics.append(policy.train_step(batch, plan))
-            liveness.beat(self.liveness_file)
-        metrics.update({f"train/{k}": sum(m[k] for m in step_metrics) / len(step_metrics) for k in step_metrics[0]})
+        if batch.samples:
+            for plan in plan_steps(batch, global_batch_size=cfg.global_batch_size,
+                                   max_tokens_per_gpu=cfg.max_tokens_per_gpu, dp_size=policy.dp_size,
+                                   rank=policy.dp_rank):
+                step_metrics.append(policy.train_step(batch, plan))
+                liveness.beat(self.liveness_file)
+            metrics.update({f"train/{k}": sum(m[k] for m in step_metrics) / len(step_metrics)
+                            for k in step_metrics[0]})
+        else:
+            log.warning("rollout %d: every sample lags more than max_staleness behind the policy; no step", r)
         metrics["train_s"] = round(self.clock() - t1, 3)
         n = r + 1
         last = n == cfg.num_rollouts

@@ -16,6 +16,9 @@ Every stage is the command a user would run, in order, each skipped when its out
               then agentrl eval --watch scores every --eval-every-th checkpoint on the eval split
  6. control   the same run, config and seeds with train.control: shuffle_rewards, scored at its
               last checkpoint only
+ 7. ahead     with --max-staleness K: the GRPO run with train.max_staleness K (rollouts run ahead of
+              training), scored as GRPO is; both curves are printed, and its last checkpoint should
+              lie within GRPO's 95% interval
 The warm start is scored once, as iter_0 of both runs. One table then shows eval pass@1 of the warm
 start, after GRPO and after the control, each with its attempts and a 95% interval resampled by
 task, the paired differences, and the wall time of each stage; WORK/runs/grpo/report.md has both
@@ -39,7 +42,7 @@ from pathlib import Path
 
 import yaml
 
-from agentrl.eval.stats import paired_difference, pass_at_1, read_results
+from agentrl.eval.stats import Estimate, paired_difference, pass_at_1, read_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,10 +92,12 @@ def agentrl(*args: str | Path, log: Path, progress: Path | None = None) -> None:
                          f"the end of {log}:\n" + "\n".join(tail))
 
 
-def run_config(args: argparse.Namespace, work: Path, control: bool) -> dict:
-    """The GRPO run (or its control): everything but train.control is the same."""
+def run_config(args: argparse.Namespace, work: Path, control: bool, max_staleness: int = 0) -> dict:
+    """The GRPO run (or its control, or the run with rollouts ahead): everything but train.control and
+    train.max_staleness is the same."""
+    name = "agentrl-learn" + ("-control" if control else "") + (f"-ahead{max_staleness}" if max_staleness else "")
     return {
-        "launch": {"name": "agentrl-learn" + ("-control" if control else ""), "time_limit_min": 90,
+        "launch": {"name": name, "time_limit_min": 90,
                    "partitions": {"cpu": {"nodes": ["cpu1"], "cpus_per_node": 8, "mem_mb": 8000}},
                    "roles": {
                        "inference": {"command": ["agentrl", "serve"], "partition": "cpu", "mem_per_task_mb": 2000,
@@ -107,7 +112,8 @@ def run_config(args: argparse.Namespace, work: Path, control: bool) -> dict:
                   "num_rollouts": args.rollouts, "rollout_batch_size": args.groups,
                   "n_samples_per_prompt": args.attempts, "global_batch_size": args.step_attempts,
                   "lr": args.lr, "max_tokens_per_gpu": 16384, "rollout_timeout_s": 900, "seed": args.seed,
-                  "evals_after_last": False, **({"control": "shuffle_rewards"} if control else {})},
+                  "evals_after_last": False, **({"control": "shuffle_rewards"} if control else {}),
+                  **({"max_staleness": max_staleness} if max_staleness else {})},
         "pool": pool(args),
         # The control is scored at its last checkpoint only: its curve is flat by design, and on 2 cores
         # each eval costs minutes.
@@ -163,6 +169,8 @@ class Stages:
                     "--seed", args.seed))
         for name in ("grpo", "control"):
             write_yaml(work / f"{name}.yaml", run_config(args, work, control=name == "control"))
+        if args.max_staleness:
+            write_yaml(work / f"{ahead_name(args)}.yaml", run_config(args, work, False, args.max_staleness))
 
     def warm_eval(self) -> None:
         work = self.work
@@ -193,6 +201,11 @@ class Stages:
         return run
 
 
+def ahead_name(args: argparse.Namespace) -> str:
+    """The run with rollouts ahead of training (train.max_staleness), beside the synchronous GRPO run."""
+    return f"grpo-ahead{args.max_staleness}"
+
+
 def write_yaml(path: Path, data: dict) -> None:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
@@ -203,6 +216,8 @@ def stages(args: argparse.Namespace, work: Path) -> dict[str, float]:
     s.warm_eval()
     s.run("grpo")
     s.run("control")
+    if args.max_staleness:
+        s.run(ahead_name(args))
     agentrl("report", work / "runs" / "grpo", "--control", work / "runs" / "control", log=s.logs / "report.log")
     return s.times
 
@@ -222,9 +237,29 @@ def summary(args: argparse.Namespace, work: Path, times: dict[str, float]) -> di
     grpo_s = sum(m.get("rollout_s", 0) + m.get("train_s", 0) + m.get("checkpoint_s", 0) + m.get("publish_s", 0)
                  for m in grpo_metrics if "rollout" in m)
     gain, drift = diff["GRPO - warm start"].value, diff["control - warm start"].value
-    return {"estimates": est, "differences": diff, "grpo_training_s": round(grpo_s, 1), "stage_s": times,
-            "targets": {"gain >= 25 points": gain >= 0.25, "|control drift| <= 5 points": abs(drift) <= 0.05,
-                        "GRPO within 20 minutes": grpo_s <= 1200}}
+    targets = {"gain >= 25 points": gain >= 0.25, "|control drift| <= 5 points": abs(drift) <= 0.05,
+               "GRPO within 20 minutes": grpo_s <= 1200}
+    curves = {"GRPO": curve(work / "runs" / "grpo", args)}
+    if args.max_staleness:
+        label = f"GRPO, {args.max_staleness} ahead"
+        ahead = read_results(work / "runs" / ahead_name(args) / "eval" / f"iter_{args.rollouts}")
+        est[label] = pass_at_1(ahead, seed=args.seed)
+        diff[f"{label} - GRPO"] = paired_difference(ahead, grpo, seed=args.seed)
+        curves[label] = curve(work / "runs" / ahead_name(args), args)
+        sync = est["GRPO"]
+        targets[f"{label} within GRPO's 95% interval"] = sync.low <= est[label].value <= sync.high
+    return {"estimates": est, "differences": diff, "curves": curves, "grpo_training_s": round(grpo_s, 1),
+            "stage_s": times, "targets": targets}
+
+
+def curve(run: Path, args: argparse.Namespace) -> dict[int, Estimate]:
+    """Held-out pass@1 at each scored checkpoint (iter_0: the warm start): rollouts of the same size each,
+    so the same number of trained samples at the same iteration in every run."""
+    out = {}
+    for n in range(0, args.rollouts + 1, args.eval_every):
+        if (run / "eval" / f"iter_{n}" / "summary.json").exists():
+            out[n] = pass_at_1(read_results(run / "eval" / f"iter_{n}"), seed=args.seed)
+    return out
 
 
 def parser() -> argparse.ArgumentParser:
@@ -250,6 +285,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden-size", type=int, default=128, help="the model's width")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--tools-dir", type=Path, help="where the agent's tools are installed (default: the pool's)")
+    p.add_argument("--max-staleness", type=int, default=0,
+                   help="also run GRPO with train.max_staleness N (rollouts ahead of training), scored as GRPO is")
     p.add_argument("--json", action="store_true")
     return p
 
@@ -257,20 +294,30 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
+    if args.max_staleness < 0:
+        p.error(f"--max-staleness must be 0 or more, got {args.max_staleness}")
     if args.rollouts % args.eval_every:
         p.error(f"--rollouts {args.rollouts} must be a multiple of --eval-every {args.eval_every}")
     work = args.work.resolve() / f"seed{args.seed}-{args.split}"
     work.mkdir(parents=True, exist_ok=True)
     out = summary(args, work, stages(args, work))
     if args.json:
-        print(json.dumps({k: ({n: vars(e) for n, e in v.items()} if k in ("estimates", "differences") else v)
-                          for k, v in out.items()}, indent=1))
+        def plain(k: str, v):
+            if k in ("estimates", "differences"):
+                return {n: vars(e) for n, e in v.items()}
+            if k == "curves":
+                return {name: {n: vars(e) for n, e in points.items()} for name, points in v.items()}
+            return v
+        print(json.dumps({k: plain(k, v) for k, v in out.items()}, indent=1))
         return 0
     print(f"\nheld-out ({args.split}) pass@1, %, with 95% intervals resampled by task:")
     for name, e in out["estimates"].items():
         print(f"  {name:22s} {e}   {e.attempts} attempts, {e.tasks} tasks")
     for name, e in out["differences"].items():
         print(f"  {name:22s} {e}   (paired by task)")
+    print("curves: held-out pass@1 by checkpoint (rollouts trained)")
+    for name, points in out["curves"].items():
+        print(f"  {name:22s} " + "   ".join(f"iter_{n}: {e}" for n, e in points.items()))
     print(f"GRPO: {out['grpo_training_s'] / 60:.1f} min of rollouts, training, checkpoints and publishing "
           f"({args.rollouts} rollouts of {args.groups} x {args.attempts} attempts)")
     print("stages (s, this invocation): " + ", ".join(f"{k} {v:.0f}" for k, v in out["stage_s"].items()))

@@ -159,7 +159,7 @@ class RunLayout:
         return self.checkpoints_dir / "published.json"
 
     def publish_weights(self, version: int, model_path: Path) -> None:
-        """Record that inference now serves `model_path` as `version` (after every server reloaded it)."""
+        """Record that inference is to serve `model_path` as `version`: what a (re)started server loads."""
         write_atomic(self.published_weights_path,
                      json.dumps({"weight_version": version, "model_path": str(model_path)}).encode())
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from proc_table import named
+from proc_table import pids_named
 
 from agentrl.swe.harbor import BUNDLED_TASKS
 from hpc.runlayout import RunLayout
@@ -98,7 +98,10 @@ def test_demo_on_the_local_slurm_cluster(slurm_env, demo_config, tmp_path):
 
 
 @pytest.mark.timeout(900)
-def test_the_run_survives_kill_9_of_a_pool_worker_and_the_inference_server(demo_config, tmp_path):
+@pytest.mark.parametrize("max_staleness", [0, 1])
+def test_the_run_survives_kill_9_of_a_pool_worker_and_the_inference_server(demo_config, tmp_path, max_staleness):
+    """With rollouts ahead of training (max_staleness 1), the kills land while one rollout trains and the
+    next runs: still every group is trained once, with its rollout, and no token past the bound."""
     import signal
 
     import yaml
@@ -107,22 +110,24 @@ def test_the_run_survives_kill_9_of_a_pool_worker_and_the_inference_server(demo_
 
     config = yaml.safe_load(demo_config.read_text())
     config["pool"]["lease_s"] = 10          # a killed worker's claims come free quickly
+    config["train"]["max_staleness"] = max_staleness
     demo_config.write_text(yaml.safe_dump(config))
+    mid = 1 + max_staleness                 # open once rollout 0 has trained
     run_dir = tmp_path / "runs/faults"
-    before = {name: named(name) for name in (SUPERVISOR_NAME, FORK_SERVER_NAME)}
+    before = pids_named(SUPERVISOR_NAME) | pids_named(FORK_SERVER_NAME)    # others' may end meanwhile
     launch = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "launch", str(demo_config), "--executor", "local",
                                "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
     try:
         deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:       # mid-run: rollout 1 open, some of it committed
+        while time.monotonic() < deadline:       # mid-run: rollout `mid` open, some of it committed
             ledger_dir = run_dir / "ledger"
             if (ledger_dir / "ledger.json").exists():
                 ledger = Ledger(ledger_dir)
-                if ledger.current_generation(1) is not None and ledger.status(1).committed >= 2:
+                if ledger.current_generation(mid) is not None and ledger.status(mid).committed >= 2:
                     break
             time.sleep(0.2)
         else:
-            pytest.fail("rollout 1 never got going")
+            pytest.fail(f"rollout {mid} never got going")
         killed = {}
         for role in ("pool", "inference"):
             record = json.loads((run_dir / f"launch/tasks/{role}-0.json").read_text())
@@ -136,9 +141,12 @@ def test_the_run_survives_kill_9_of_a_pool_worker_and_the_inference_server(demo_
     # Nothing of the killed worker's sandboxes is left: no supervisor, no fork server (its forwarders
     # were reparented to pid 1 and ran forever before the supervisors).
     deadline = time.monotonic() + 10
-    while {name: named(name) for name in before} != before and time.monotonic() < deadline:
+    def left() -> set[int]:     # the run's own, still there
+        return (pids_named(SUPERVISOR_NAME) | pids_named(FORK_SERVER_NAME)) - before
+
+    while left() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert {name: named(name) for name in before} == before
+    assert not left()
     check_run(run_dir)          # every rollout trained on all 8 attempts: no group lost
     for role, pid in killed.items():
         record = json.loads((run_dir / f"launch/tasks/{role}-0.json").read_text())
@@ -147,3 +155,9 @@ def test_the_run_survives_kill_9_of_a_pool_worker_and_the_inference_server(demo_
     for r in range(3):
         commits = ledger.commits(r)
         assert len(commits) == 8            # one commit per (group, attempt): nothing trained twice
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(m["staleness/max"] <= max_staleness and m["staleness/masked_tokens"] == 0 for m in lines), lines
+    if max_staleness:       # rollout r+1 was open (and worked on) before r closed
+        for r in (0, 1):
+            nxt = ledger.spec(r + 1, ledger.current_generation(r + 1)).opened
+            assert nxt < (run_dir / f"ledger/rollouts/{r}/g{ledger.current_generation(r)}/closed").stat().st_mtime

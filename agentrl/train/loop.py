@@ -228,9 +228,10 @@ class Trainer:
                 metrics.update({"weight_version": n, "publish_s": round(self.clock() - t3, 3),
                                 "inference_servers": len(colocated.clients)})
         elif publish and self.rank == 0:
-            times = publish_weights(self.inference_servers(), self.run.checkpoint_dir(n) / "hf", n,
+            # Recorded first: a server that (re)starts meanwhile loads these weights itself
+            self.run.publish_weights(n, self.run.checkpoint_dir(n) / "hf")
+            times = publish_weights(self.inference_servers, self.run.checkpoint_dir(n) / "hf", n,
                                     timeout_s=cfg.publish_timeout_s, client=self._client)
-            self.run.publish_weights(n, self.run.checkpoint_dir(n) / "hf")   # what a restarted server loads
             metrics.update({"weight_version": n, "publish_s": round(max(times.values(), default=0.0), 3),
                             "inference_servers": len(times)})
         if save and self.rank == 0:

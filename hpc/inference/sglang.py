@@ -135,6 +135,10 @@ class SGLangError(RuntimeError):
     """A control call failed: the server did not answer, refused, or answered what proves nothing."""
 
 
+class ServerUnreachable(SGLangError):
+    """The server did not answer at all (refused or dropped the connection, timed out): it may be restarting."""
+
+
 class SGLangClient:
     """One SGLang server's HTTP API, synchronous.
 
@@ -174,6 +178,8 @@ class SGLangClient:
         json_reply, a 200 that is not JSON is an error (a proxy's page proves nothing), else it is {}."""
         try:
             r = self._http.post(path, json=body or {})
+        except httpx.TransportError as e:
+            raise ServerUnreachable(f"{self.url}{path}: {e!r}") from None
         except httpx.HTTPError as e:
             raise SGLangError(f"{self.url}{path}: {e!r}") from None
         if r.status_code != 200:
@@ -205,6 +211,8 @@ class SGLangClient:
         SGLangError when the answer is not JSON: checking a reload, silence is a failure, not a version."""
         try:
             info = self._model_info_reply().json()
+        except httpx.TransportError as e:
+            raise ServerUnreachable(f"{self.url}/model_info: {e!r}") from None
         except (httpx.HTTPError, ValueError) as e:
             raise SGLangError(f"{self.url}/model_info: {e!r}") from None
         version = info.get("weight_version")

@@ -27,7 +27,7 @@ LATEST_KEYS = (
     "metric_input_errors", "attempts", "samples", "response_tokens", "trained_tokens", "attempts_per_hour",
     "trained_tokens_per_s", "time/boot_s_mean", "time/agent_s_mean", "time/grade_s_mean", "rollout_s",
     "train_s", "checkpoint_s", "publish_s", "train/loss", "train/clipfrac", "train/approx_kl",
-    "train/grad_norm", "weight_version",
+    "train/grad_norm", "weight_version", "staleness/mean", "staleness/max", "staleness/masked_tokens",
 )
 _PASS_KEY = re.compile(r"^pass@(\d+)$")
 _EVAL_DIR = re.compile(r"^iter_(0|[1-9][0-9]*)$")   # as RunLayout.eval_dir names them

@@ -273,6 +273,38 @@ def test_a_failed_upstream_is_retryable_and_not_recorded(tiny_model):
     assert result["stats"]["turns"] == 1 and result["stats"]["upstream_errors"] == 1
 
 
+@pytest.mark.parametrize("path,body", [
+    ("/v1/messages", {"max_tokens": 100, "messages": [{"role": "user", "content": "x"}]}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
+    ("/v1/responses", {"input": "x"}),
+])
+def test_a_failed_upstream_after_a_stream_started_is_an_error_event_in_the_apis_shape(tiny_model, path, body):
+    """A streamed turn's response starts before the model answers (tests/test_adapter_keepalive.py): its
+    status code is gone by then, so the failure is the stream's last event, and the client may retry."""
+    async def go():
+        _, script, c = make(tiny_model, [503, STEPS[2]])
+        key = await open_session(c)
+        failed = await c.post(path, json={**body, "model": "m", "stream": True}, headers={"x-api-key": key})
+        retried = await c.post(path, json={**body, "model": "m", "stream": True}, headers={"x-api-key": key})
+        return failed, retried, await finish(c, key)
+    failed, retried, result = asyncio.run(go())
+    assert failed.status_code == retried.status_code == 200
+    events = [json.loads(line[6:]) for line in failed.text.splitlines() if line.startswith("data: {")]
+    opening, last = events[0], events[-1]
+    if path == "/v1/messages":
+        assert opening["type"] == "message_start" and opening["message"]["usage"]["input_tokens"] > 0
+        assert "event: error" in failed.text and last == {"type": "error", "error": {
+            "type": "overloaded_error", "message": last["error"]["message"]}}
+    elif path == "/v1/chat/completions":
+        assert opening["choices"][0]["delta"]["role"] == "assistant" and "[DONE]" not in failed.text
+        assert set(last) == {"error"} and last["error"]["type"] == "server_error"
+    else:
+        assert [e["type"] for e in events] == ["response.created", "response.in_progress", "response.failed"]
+        assert last["response"]["error"]["code"] == "server_error" and last["sequence_number"] == 2
+    assert "the model server failed; retry" in failed.text
+    assert result["stats"]["turns"] == 1 and result["stats"]["upstream_errors"] == 1
+
+
 def test_sessions_stick_to_a_server_and_skip_stale_ones(tiny_model):
     async def go():
         adapter, script, c = make(tiny_model, [STEPS[2]] * 6, live=lambda: ["http://a", "http://c"])
@@ -388,3 +420,17 @@ def test_an_aborted_generation_is_retryable_and_not_recorded(tiny_model):
     assert first.status_code == 503 and "aborted" in first.json()["error"]["message"]
     assert second.status_code == 200 and result["stats"]["turns"] == 1 and result["stats"]["upstream_aborts"] == 1
     assert requests[0]["sampling_params"]["sampling_seed"] == 7      # SGLang's name for the seed
+
+
+@pytest.mark.parametrize("value,ok", [(5.0, True), (0.2, True), (60, True), (0, False), (-1, False), (61, False),
+                                      ("soon", False)])
+def test_the_keepalive_interval_is_validated(tiny_model, value, ok):
+    from pydantic import ValidationError
+
+    from hpc.validation import problems
+    try:
+        cfg = AdapterConfig(tokenizer=tiny_model, upstreams=["http://up"], keepalive_s=value)
+    except ValidationError as e:
+        assert not ok and [field for field, _ in problems(e)] == ["keepalive_s"]
+    else:
+        assert ok and cfg.keepalive_s == float(value)

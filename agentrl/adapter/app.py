@@ -1,38 +1,39 @@
-"""The HTTP service: Anthropic and OpenAI endpoints, SSE streaming, session control routes.
+"""The HTTP service: Anthropic Messages, OpenAI chat and Responses endpoints, SSE streaming, control routes.
 
 Every error is a JSON body in the caller's API's shape, never a 500 with a traceback: bad
 input is 400/413 (limits.py checks a body before any work is done on it), an unknown key 401, a
 finished session 409, a failed model server 529 (Anthropic) or 503 (OpenAI), which clients
-retry. The shape follows the route: `/v1/messages...` answers Anthropic's
-(`{"type": "error", "error": {"type", "message"}}`), every other route, unknown ones and the
-control routes included, OpenAI's (`{"error": {"message", "type", "param", "code"}}`).
-A client that hangs up aborts its upstream request. Control routes (`/_agentrl/...`) need the
-control token, so that an agent, which can reach this service from its sandbox, cannot open,
-finish or drop sessions.
+retry. The shape follows the route: `/v1/messages` and `/v1/messages/...` answer Anthropic's
+(`{"type": "error", "error": {"type", "message"}}`), every other route, `/v1/responses`, unknown
+routes and methods and the control routes included, OpenAI's (`{"error": {"message", "type",
+"param", "code"}}`). A client that hangs up aborts its upstream request. Control routes
+(`/_agentrl/...`) need the control token, so that an agent, which can reach this service from its
+sandbox, cannot open, finish or drop sessions.
 
 The event loop only moves bytes: a large body is parsed in a worker thread, and every turn is
 rendered and tokenized in one (service.py), so a large request does not hold up the others.
-A turn is computed before its response starts, so that its status code can still say
-whether it failed; a streaming reply is then sent as SSE events.
+A non-streaming turn is computed before its response starts, so that its status code can say
+whether it failed. A streaming one starts its response once its prompt is rendered and tokenized
+(a bad request still gets its status code) and sends the API's keepalives while the model works
+(sse.py): a turn longer than a client's read or idle timeout still completes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from . import wire
+from . import wire, wire_responses
 from .limits import (
     CONTROL_BODY_BYTES,
     LARGE_BODY_BYTES,
@@ -46,8 +47,9 @@ from .limits import (
     read_body,
     release_memory,
 )
-from .service import Adapter, TurnResult, in_thread
+from .service import Adapter, Prepared, TurnResult, in_thread
 from .session import SessionError
+from .sse import AnthropicEvents, ChatChunks, Events, ResponsesEvents, keepalive_stream
 from .upstream import UpstreamError
 from .wire import Chat, WireError
 
@@ -57,17 +59,21 @@ _INLINE_BODY_BYTES = 64 << 10    # smaller bodies are parsed on the event loop: 
 _LARGE_AT_ONCE = 2               # large bodies parsed at once: parsing is where a body's memory multiplies
 
 
-def anthropic_error(status: int, kind: str, message: str) -> JSONResponse:
+T = TypeVar("T")
+_STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}   # no proxy may hold the keepalives
+
+
+def anthropic_error(status: int, kind: str, message: str, param: str | None = None) -> JSONResponse:
     return JSONResponse({"type": "error", "error": {"type": kind, "message": message}}, status_code=status)
 
 
-def openai_error(status: int, kind: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": None}},
+def openai_error(status: int, kind: str, message: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
                         status_code=status)
 
 
-def error_shape(path: str) -> Callable[[int, str, str], JSONResponse]:
-    return anthropic_error if path.startswith("/v1/messages") else openai_error
+def error_shape(path: str) -> Callable[..., JSONResponse]:
+    return anthropic_error if path == "/v1/messages" or path.startswith("/v1/messages/") else openai_error
 
 
 def _api_key(request: Request) -> str | None:
@@ -78,8 +84,8 @@ def _api_key(request: Request) -> str | None:
     return auth[7:].strip() if auth.lower().startswith("bearer ") else None
 
 
-async def _unless_disconnected(request: Request, work: Awaitable[TurnResult]) -> TurnResult | None:
-    """The turn's result, or None after cancelling it if the client hung up meanwhile."""
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """The work's result, or None after cancelling it if the client hung up meanwhile."""
     task = asyncio.ensure_future(work)
     try:
         while True:
@@ -94,13 +100,9 @@ async def _unless_disconnected(request: Request, work: Awaitable[TurnResult]) ->
             task.cancel()
 
 
-def _sse(event: str | None, data: Any) -> str:
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
 def create_app(adapter: Adapter, control_token: str) -> FastAPI:
-    app = FastAPI(title="agentrl adapter", docs_url=None, redoc_url=None, openapi_url=None)
+    # No redirect to the slash-less route (a 307 to a URL a proxy may not serve): a 404 in the API's shape.
+    app = FastAPI(title="agentrl adapter", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
     cfg = adapter.config
     stats = {"requests": 0, "errors": 0, "client_aborts": 0, "started": time.time()}
     large = asyncio.Semaphore(_LARGE_AT_ONCE)
@@ -127,28 +129,42 @@ def create_app(adapter: Adapter, control_token: str) -> FastAPI:
         return await in_thread(translate, raw, to_chat)
 
     async def serve_turn(request: Request, to_chat: Callable[[Any], Chat], error: Callable[..., JSONResponse],
-                         respond: Callable[[Chat, TurnResult], Response]) -> Response:
+                         respond: Callable[[Chat, TurnResult], Response],
+                         stream: Callable[[Chat, Prepared], Events]) -> Response:
         stats["requests"] += 1
         async with AsyncExitStack() as cleanup:
             try:
                 session = adapter.sessions.get(_api_key(request))
                 chat = await chat_of(request, to_chat, cleanup)
-                result = await _unless_disconnected(request, adapter.turn(session, chat))
+                prepared: Prepared | None = None
+                result: TurnResult | None = None
+                if chat.stream:
+                    prepared = await _unless_disconnected(request, adapter.prepare(session, chat))
+                else:
+                    result = await _unless_disconnected(request, adapter.turn(session, chat))
             except (RequestError, SessionError) as e:
                 stats["errors"] += 1
                 return error(e.status, e.kind, str(e))
             except WireError as e:
                 stats["errors"] += 1
-                return error(400, "invalid_request_error", str(e))
+                return error(400, "invalid_request_error", str(e), e.param)
             except UpstreamError as e:
                 stats["errors"] += 1
                 return error(529 if error is anthropic_error else 503,
                              "overloaded_error" if error is anthropic_error else "server_error",
                              f"the model server failed; retry: {e}")
-            if result is None:
-                stats["client_aborts"] += 1
-                return Response(status_code=499)
-            return respond(chat, result)
+            if prepared is not None:
+                turn = prepared
+                return StreamingResponse(keepalive_stream(stream(chat, turn), lambda: adapter.complete(turn),
+                                                          cfg.keepalive_s, stats),
+                                         media_type="text/event-stream", headers=_STREAM_HEADERS)
+            if result is not None:
+                return respond(chat, result)
+            stats["client_aborts"] += 1
+            return Response(status_code=499)
+
+    def model_of(chat: Chat) -> str:
+        return chat.model or cfg.model_name
 
     # ------------------------------------------------------------ errors outside the routes
 
@@ -158,7 +174,7 @@ def create_app(adapter: Adapter, control_token: str) -> FastAPI:
         path, method = request.url.path, request.method
         if exc.status_code == 404:
             kind, message = "not_found_error", (f"no route {method} {path}: the adapter serves POST /v1/messages, "
-                                                "POST /v1/chat/completions and GET /v1/models")
+                                                "POST /v1/chat/completions, POST /v1/responses and GET /v1/models")
         elif exc.status_code == 405:
             kind, message = "invalid_request_error", (f"{method} is not allowed on {path}; "
                                                       f"use {(exc.headers or {}).get('Allow', 'another method')}")
@@ -181,16 +197,13 @@ def create_app(adapter: Adapter, control_token: str) -> FastAPI:
     # ------------------------------------------------------------ Anthropic
 
     def anthropic_respond(chat: Chat, result: TurnResult) -> Response:
-        ids = result.call_ids
-        model = chat.model or cfg.model_name
-        if not chat.stream:
-            return JSONResponse(wire.anthropic_reply(result.parsed, result.finish, model=model, usage=result.usage,
-                                                     ids=ids))
-        return StreamingResponse(_anthropic_events(result, ids, model), media_type="text/event-stream")
+        return JSONResponse(wire.anthropic_reply(result.parsed, result.finish, model=model_of(chat),
+                                                 usage=result.usage, ids=result.call_ids))
 
     @app.post("/v1/messages")
     async def messages(request: Request) -> Response:
-        return await serve_turn(request, wire.anthropic_chat, anthropic_error, anthropic_respond)
+        return await serve_turn(request, wire.anthropic_chat, anthropic_error, anthropic_respond,
+                                lambda chat, turn: AnthropicEvents(model_of(chat), turn.prompt_tokens))
 
     def count_chat(body: Any) -> Chat:
         return wire.anthropic_chat({**body, "max_tokens": 1} if isinstance(body, dict) else body)
@@ -211,21 +224,26 @@ def create_app(adapter: Adapter, control_token: str) -> FastAPI:
     # ------------------------------------------------------------ OpenAI
 
     def openai_respond(chat: Chat, result: TurnResult) -> Response:
-        ids = result.call_ids
-        model = chat.model or cfg.model_name
-        cid, created = "chatcmpl-" + uuid.uuid4().hex, int(time.time())
-        finish = wire.openai_finish_reason(result.parsed, result.finish)
-        if not chat.stream:
-            return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": model,
-                                 "choices": [{"index": 0, "message": wire.openai_message(result.parsed, ids),
-                                              "finish_reason": finish}],
-                                 "usage": wire.openai_usage(result.usage)})
-        return StreamingResponse(_openai_chunks(result, ids, model, cid, created, finish, chat.include_usage),
-                                 media_type="text/event-stream")
+        return JSONResponse({"id": "chatcmpl-" + uuid.uuid4().hex, "object": "chat.completion",
+                             "created": int(time.time()), "model": model_of(chat),
+                             "choices": [{"index": 0, "message": wire.openai_message(result.parsed, result.call_ids),
+                                          "finish_reason": wire.openai_finish_reason(result.parsed, result.finish)}],
+                             "usage": wire.openai_usage(result.usage)})
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await serve_turn(request, wire.openai_chat, openai_error, openai_respond)
+        return await serve_turn(request, wire.openai_chat, openai_error, openai_respond,
+                                lambda chat, turn: ChatChunks(model_of(chat), chat.include_usage))
+
+    def responses_respond(chat: Chat, result: TurnResult) -> Response:
+        return JSONResponse(wire_responses.reply(result.parsed, result.finish, ids=result.call_ids, usage=result.usage,
+                                                 model=model_of(chat), options=chat.options,
+                                                 rid=wire_responses.new_id("resp_"), created_at=int(time.time())))
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        return await serve_turn(request, wire_responses.responses_chat, openai_error, responses_respond,
+                                lambda chat, turn: ResponsesEvents(model_of(chat), chat.options))
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -267,55 +285,3 @@ def create_app(adapter: Adapter, control_token: str) -> FastAPI:
         return await control(request, SessionKey, lambda body: {"dropped": adapter.sessions.drop(body.key)})
 
     return app
-
-
-async def _anthropic_events(result: TurnResult, ids: list[str], model: str) -> AsyncIterator[str]:
-    message = wire.anthropic_reply(result.parsed, result.finish, model=model, usage=result.usage, ids=ids)
-    blocks, usage = message.pop("content"), message.pop("usage")
-    stop_reason = message.pop("stop_reason")
-    yield _sse("message_start", {"type": "message_start",
-                                 "message": {**message, "content": [], "stop_reason": None,
-                                             "usage": {"input_tokens": usage["input_tokens"], "output_tokens": 0}}})
-    for i, block in enumerate(blocks):
-        kind = block["type"]
-        if kind == "text":
-            yield _sse("content_block_start", {"type": "content_block_start", "index": i,
-                                               "content_block": {"type": "text", "text": ""}})
-            delta = {"type": "text_delta", "text": block["text"]}
-        elif kind == "thinking":
-            yield _sse("content_block_start", {"type": "content_block_start", "index": i,
-                                               "content_block": {"type": "thinking", "thinking": ""}})
-            yield _sse("content_block_delta", {"type": "content_block_delta", "index": i,
-                                               "delta": {"type": "thinking_delta", "thinking": block["thinking"]}})
-            delta = {"type": "signature_delta", "signature": block["signature"]}
-        else:
-            yield _sse("content_block_start", {"type": "content_block_start", "index": i,
-                                               "content_block": {**block, "input": {}}})
-            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
-        yield _sse("content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta})
-        yield _sse("content_block_stop", {"type": "content_block_stop", "index": i})
-    yield _sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": None},
-                                 "usage": {"output_tokens": usage["output_tokens"]}})
-    yield _sse("message_stop", {"type": "message_stop"})
-
-
-async def _openai_chunks(result: TurnResult, ids: list[str], model: str, cid: str, created: int, finish: str,
-                         include_usage: bool) -> AsyncIterator[str]:
-    def chunk(delta: dict, finish_reason: str | None = None, **extra) -> str:
-        return _sse(None, {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                           "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}], **extra})
-    msg = wire.openai_message(result.parsed, ids)
-    yield chunk({"role": "assistant", "content": ""})
-    if msg.get("reasoning_content"):
-        yield chunk({"reasoning_content": msg["reasoning_content"]})
-    if msg.get("content"):
-        yield chunk({"content": msg["content"]})
-    for i, call in enumerate(msg.get("tool_calls", [])):
-        yield chunk({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
-                                     "function": {"name": call["function"]["name"], "arguments": ""}}]})
-        yield chunk({"tool_calls": [{"index": i, "function": {"arguments": call["function"]["arguments"]}}]})
-    yield chunk({}, finish)
-    if include_usage:
-        yield _sse(None, {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                          "choices": [], "usage": wire.openai_usage(result.usage)})
-    yield "data: [DONE]\n\n"

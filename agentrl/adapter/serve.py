@@ -123,6 +123,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-context", type=int, default=32768, help="tokens of prompt + output per turn")
     p.add_argument("--max-new-tokens", type=int, help="cap on output tokens per turn")
     p.add_argument("--public-url", help="the base URL clients should use, when it is not http://host:port")
+    p.add_argument("--keepalive-s", type=float, default=5.0,
+                   help="seconds between keepalives while a streamed turn waits for the model (0.01..60)")
     p.add_argument("--open-unknown-keys", action="store_true",
                    help="an unknown API key opens a session on first use (pointing a CLI at a model by hand)")
     p.add_argument("--no-incremental", action="store_true",
@@ -145,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
                                reasoning_parser=none.get(args.reasoning_parser, args.reasoning_parser),
                                max_context=args.max_context, max_new_tokens=args.max_new_tokens,
                                public_url=args.public_url, open_unknown_keys=args.open_unknown_keys,
-                               incremental=not args.no_incremental)
+                               incremental=not args.no_incremental, keepalive_s=args.keepalive_s)
     except ValidationError as e:
         for field, msg in problems(e):
             print(f"agentrl adapter serve: {field or 'config'}: {msg}", file=sys.stderr)

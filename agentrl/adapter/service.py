@@ -1,6 +1,9 @@
 """One model turn: chat -> token ids -> /generate -> parsed reply, recorded in the session's tree.
 
-The wire (HTTP, SSE) is app.py's; this is the part every protocol shares.
+The wire (HTTP, SSE) is app.py's and sse.py's; this is the part every protocol shares. A turn is
+two steps, `prepare` (render and tokenize: where a bad request fails) and `complete` (the model
+call, recorded), so that a streamed reply can start between them and keep the client waiting
+with keepalives while the model works.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .parsers import ParsedOutput, parse_output, validate_parsers
+from .parsers import THINK_END, ParsedOutput, parse_output, validate_parsers
 from .render import incremental_problem
 from .session import Session, SessionStore, merge_sampling
 from .trajectory import Turn
@@ -48,6 +51,9 @@ class AdapterConfig(BaseModel):
     max_json_depth: int = Field(default=64, gt=0, le=512)    # Python's recursion limit is 1000
     max_json_items: int = Field(default=1_000_000, gt=0)     # commas and brackets in a body: what parsing it costs
     upstream_timeout_s: float = Field(default=600.0, gt=0)
+    # While a streamed turn waits for the model, the protocol's keepalive goes out this often (app.py, sse.py), so
+    # that a client's read or idle timeout (300 s for Codex, docs/adapter.md) never runs out during a long turn.
+    keepalive_s: float = Field(default=5.0, ge=0.01, le=60)
     model_name: str = "agentrl"
 
     @field_validator("upstreams")
@@ -85,10 +91,26 @@ class TurnResult:
     completion_tokens: int
     recorded: bool               # False when the prompt alone filled the context: nothing was sampled
     call_ids: list[str] = field(default_factory=list)    # one per tool call, fresh
+    reasoning_tokens: int = 0    # of the completion tokens
 
     @property
     def usage(self) -> dict[str, int]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "reasoning_tokens": self.reasoning_tokens}
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A turn rendered and tokenized, not yet sent to the model (`Adapter.prepare`)."""
+
+    session: Session
+    chat: Chat
+    ids: Any                     # the prompt's ids: a read-only int32 array
+    prepare_s: float
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.ids)
 
 
 def load_tokenizer(path: Path) -> Any:
@@ -113,6 +135,8 @@ class Adapter:
                                             self.tokenizer.convert_tokens_to_ids("<|im_end|>")) if isinstance(i, int)
                                 and i != self.tokenizer.unk_token_id})
         self._decoder = getattr(self.tokenizer, "backend_tokenizer", None)
+        think_end = self.tokenizer.convert_tokens_to_ids(THINK_END)   # one id in Qwen3's vocabulary and the tiny one
+        self._think_end = think_end if isinstance(think_end, int) and think_end != self.tokenizer.unk_token_id else None
         self.overhead_s: deque[float] = deque(maxlen=10_000)   # per turn, upstream excluded (benchmarks)
 
     def render_full(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> str:
@@ -157,8 +181,14 @@ class Adapter:
         ids = session.tokens.encode_array(self.render(chat, session))
         return ids, time.perf_counter() - t0
 
-    async def turn(self, session: Session, chat: Chat) -> TurnResult:
+    async def prepare(self, session: Session, chat: Chat) -> Prepared:
+        """A turn's prompt, rendered and tokenized: what can fail before the model is asked (a WireError)."""
         ids, prepare_s = await in_session_thread(session, self._prepare, session, chat)
+        return Prepared(session, chat, ids, prepare_s)
+
+    async def complete(self, turn: Prepared) -> TurnResult:
+        """The model's reply to a prepared turn, recorded; UpstreamError when the model server fails."""
+        session, chat, ids = turn.session, turn.chat, turn.ids
         t0 = time.perf_counter()
         if len(ids) >= self.config.max_context:
             session.stats["context_full"] += 1
@@ -191,8 +221,20 @@ class Adapter:
             session.stats["length_stops"] += finish == "length"
             call_ids = new_tool_ids(parsed, chat.call_id_prefix)
             session.echo.remember(reply_message(parsed, call_ids))
-        self.overhead_s.append(prepare_s + (t1 - t0) + (time.perf_counter() - t2))
-        return TurnResult(parsed, finish, len(ids), len(out), recorded=True, call_ids=call_ids)
+        self.overhead_s.append(turn.prepare_s + (t1 - t0) + (time.perf_counter() - t2))
+        return TurnResult(parsed, finish, len(ids), len(out), recorded=True, call_ids=call_ids,
+                          reasoning_tokens=self._reasoning_tokens(parsed, body))
+
+    async def turn(self, session: Session, chat: Chat) -> TurnResult:
+        return await self.complete(await self.prepare(session, chat))
+
+    def _reasoning_tokens(self, parsed: ParsedOutput, body: list[int]) -> int:
+        """Output tokens through the end of the reasoning (its closing token), or all of them while it is open."""
+        if parsed.reasoning is None:
+            return 0
+        if parsed.truncated_reasoning:
+            return len(body)
+        return body.index(self._think_end) + 1 if self._think_end is not None and self._think_end in body else 0
 
 
 # The adapter's CPU work (rendering, tokenizing, parsing large bodies) runs here, off the event loop. Not in

@@ -1,4 +1,6 @@
-"""Anthropic and OpenAI wire formats <-> chat-template messages, both ways (pure).
+"""Anthropic and OpenAI chat wire formats <-> chat-template messages, both ways (pure).
+
+The OpenAI Responses API is wire_responses.py's, on the same `Chat` and helpers.
 
 Requests become `Chat`: HF-style messages (`role`, `content`, `reasoning_content`,
 `tool_calls` with dict arguments, `tool_call_id`), tools in OpenAI function form, and the
@@ -27,7 +29,11 @@ THINKING_SIGNATURE = "agentrl"   # Anthropic clients echo thinking blocks with a
 
 
 class WireError(ValueError):
-    """A request the adapter cannot serve; the message is for the client (HTTP 400)."""
+    """A request the adapter cannot serve; the message is for the client (HTTP 400), `param` the field at fault."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass
@@ -39,6 +45,7 @@ class Chat:
     model: str = ""
     include_usage: bool = False
     call_id_prefix: str = "call_"      # what this API's tool-call ids look like
+    options: dict[str, Any] = field(default_factory=dict)    # request fields the reply repeats (Responses API)
 
 
 def _need(cond: bool, msg: str) -> None:

@@ -26,7 +26,7 @@ LATEST_KEYS = (
     "reward_mean", "empty_patch_rate", "zero_variance_groups", "samples_per_attempt", "infra_failures",
     "metric_input_errors", "attempts", "samples", "response_tokens", "trained_tokens", "attempts_per_hour",
     "trained_tokens_per_s", "time/boot_s_mean", "time/agent_s_mean", "time/grade_s_mean", "rollout_s",
-    "train_s", "checkpoint_s", "publish_s", "train/loss", "train/clipfrac", "train/approx_kl",
+    "wait_s", "train_s", "checkpoint_s", "publish_s", "train/loss", "train/clipfrac", "train/approx_kl",
     "train/grad_norm", "weight_version", "staleness/mean", "staleness/max", "staleness/masked_tokens",
 )
 _PASS_KEY = re.compile(r"^pass@(\d+)$")
@@ -152,7 +152,7 @@ def training_plots(records: list[dict[str, Any]]) -> list[Plot]:
     def missing(what: str) -> str:
         return f"no rollout recorded {what}" if records else NO_METRICS
 
-    timing_keys = ("rollout_s", "train_s", "checkpoint_s", "publish_s")
+    timing_keys = ("rollout_s", "wait_s", "train_s", "checkpoint_s", "publish_s")
     attempt_keys = ("time/boot_s_mean", "time/agent_s_mean", "time/grade_s_mean")
     return [
         plot("reward", "Training reward and pass rates",

@@ -165,14 +165,17 @@ class Trainer:
         barrier()
         self.close_rollout(r)
         barrier()
-        t_rollout = self.clock() - t0
+        # The trainer's wait, and the rollout's own span from its opening (they differ with rollouts ahead)
+        closed = self.ledger.closed(r)
+        opened = self.ledger.spec(r, closed.generation).opened if closed else time.time()
+        timing = {"wait_s": round(self.clock() - t0, 3), "rollout_s": round(time.time() - opened, 3)}
         colocated = None
         if cfg.colocated and self.rank == 0:
             # The rollout is closed: no sandbox waits on a generation when the servers let go of their memory.
             colocated = ColocatedInference([self._client(url) for url in self.inference_servers()])
             colocated.__enter__()
         try:
-            return self._train_rollout(r, source, policy, state, colocated, {"rollout_s": round(t_rollout, 3)})
+            return self._train_rollout(r, source, policy, state, colocated, timing)
         except BaseException:
             if colocated is not None:      # leave the servers generating (old weights) for the next trainer
                 colocated.__exit__(None, None, None)
@@ -258,7 +261,8 @@ class Trainer:
             with open(self.run.metrics_path, "a") as f:
                 f.write(json.dumps({"kind": "train", "time": time.time(), **metrics}) + "\n")
             self.tracker.log(metrics, step=metrics["rollout"])
-            log.info("rollout %d: reward %.3f over %d attempts, %d samples; loss %.4f; %.1fs rollout, %.1fs train",
-                     metrics["rollout"], metrics["reward_mean"], metrics["attempts"], metrics["samples"],
-                     metrics.get("train/loss", float("nan")), metrics["rollout_s"], metrics["train_s"])
+            log.info("rollout %d: reward %.3f over %d attempts, %d samples; loss %.4f; %.1fs rollout (%.1fs waited "
+                     "for), %.1fs train", metrics["rollout"], metrics["reward_mean"], metrics["attempts"],
+                     metrics["samples"], metrics.get("train/loss", float("nan")), metrics["rollout_s"],
+                     metrics["wait_s"], metrics["train_s"])
 

@@ -1,5 +1,5 @@
 """Rollout ledger throughput and claim latency, beside the filesystem's fsync floor; and what a claim costs
-as the outstanding attempts grow.
+as the outstanding attempts grow, beside the design before issue 17.
 
 For 1, 8 and 32 worker processes: claim+commit pairs per second and p50/p99
 claim latency, and the same number of processes running the floor loop
@@ -7,14 +7,17 @@ claim latency, and the same number of processes running the floor loop
 exclusive create, so the ratio says how much of the floor the ledger keeps.
 
 At scale: a rollout with N attempts outstanding (100 to 100,000), half of them held by
-other workers' live claims; 16 workers claim and commit 4 attempts each, and the pairs'
-file-system calls are counted (benchmarks/fs_calls.py: the round trips a shared
-filesystem's server would see) and timed. The target (issue 17) is a constant count, at
-most 40 calls per pair; today a worker's listing stats every live claim, so the count
-grows with N.
+other workers' live claims, and the file-system calls of each claim+commit counted
+(benchmarks/fs_calls.py: the round trips a shared filesystem's server would see) and
+timed. Before: the claim of commit bef6541 (its listing logic, copied below as
+`Before`), whose every listing read the lease of every live claim, with 16 workers
+claiming 4 attempts each; after: today's claim, with the same 16 workers, and with
+1,000 simulated workers (Ledger objects of one process) claiming 2 each, or until the
+rollout has no unclaimed attempt left. The target (issue 17) is a constant count, at
+most 40 calls per pair, whatever N.
 
     python -m benchmarks.ledger_bench [--dir DIR] [--procs 1,8,32] [--pairs N]
-                                      [--outstanding 100,10000,100000] [--json]
+                                      [--outstanding 100,1000,10000,100000] [--workers 1000] [--json]
 """
 
 from __future__ import annotations
@@ -23,21 +26,26 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import random
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from benchmarks.common import percentile
 from benchmarks.fs_calls import counted
-from hpc.ledger import Ledger
+from hpc.ledger import Claim, Ledger
+from hpc.ledger_records import ClaimRecord, RolloutSpec
+from hpc.ledger_state import TryKey, claimable
+from hpc.records import create_record
 
 TARGET_PAIRS_PER_S = 1000   # at 32 processes, local disk
 TARGET_P99_MS = 20.0
 TARGET_CALLS_PER_PAIR = 40  # whatever the number of outstanding attempts
 SCALE_ATTEMPTS = 8          # attempts per group in the scale rollouts
-SCALE_WORKERS = 16          # claiming workers in the scale rows
-SCALE_CLAIMS = 4            # claim+commit pairs each makes
+FEW_WORKERS, FEW_CLAIMS = 16, 4     # the baseline's workers (bef6541), each claiming 4 attempts
+MANY_CLAIMS = 2                     # claims of each of --workers simulated workers
 
 
 def _floor_worker(d: str, i: int, n: int, barrier, out) -> None:
@@ -105,32 +113,96 @@ def measure(base: Path, procs: int, pairs: int) -> dict:
             "floor_op_p50_ms": round(_ms(floor_lat, 0.50), 3), "floor_op_p99_ms": round(_ms(floor_lat, 0.99), 3)}
 
 
-def at_scale(base: Path, outstanding: int, workers: int = SCALE_WORKERS, claims_each: int = SCALE_CLAIMS) -> dict:
-    """`workers` workers (Ledger objects of one process) against `outstanding` attempts, half of them held by
-    others' live claims: each in turn claims and commits, `claims_each` times. What a pair costs is what
-    its share of a worker's listings and skips costs: a busy pool's workers claim a few attempts each
-    between their listings of a rollout."""
-    led_dir = Path(tempfile.mkdtemp(prefix=f"scale-{outstanding}-", dir=base))
-    groups = max(1, -(-outstanding // SCALE_ATTEMPTS))
-    Ledger(led_dir).open_rollout(0, list(range(groups)), SCALE_ATTEMPTS)
-    others = Ledger(led_dir, seed=1)
-    for _ in range(groups * SCALE_ATTEMPTS // 2):
-        others.claim("others", lease_s=3600)
-    pool = [Ledger(led_dir, seed=10 + i) for i in range(workers)]
+class Before(Ledger):
+    """The claim of commit bef6541, to be measured beside today's: each worker walks its own shuffled list of
+    claimable attempts, and lists again when it runs dry; a listing reads the lease of every live claim
+    (LedgerView._observe, as status() still does), so its cost grows with the attempts out. Its listing
+    logic only: the rest is today's, two calls a claim cheaper than bef6541 (no stat of the generation's
+    directory, none of a first try's commit)."""
+
+    def __init__(self, root: Path | str, **kwargs) -> None:
+        super().__init__(root, **kwargs)
+        self._candidates: dict[Path, list[TryKey]] = {}
+
+    def _claim_in(self, gen_dir: Path, spec: RolloutSpec, worker_id: str, lease_s: float) -> Claim | None:
+        for cands in (self._candidates.pop(gen_dir, []), None):
+            if cands is None:
+                cands = claimable(self._state_spec(spec), self._observe(gen_dir), self._clock())
+                self._rng.shuffle(cands)
+            while cands:
+                got = self._take(gen_dir, spec, *cands.pop(), worker_id, lease_s)
+                if got == "closed":
+                    return None
+                if isinstance(got, Claim):
+                    self._candidates[gen_dir] = cands
+                    return got
+        return None
+
+
+def scale_ledger(base: Path, outstanding: int, seed: int = 0, held: float = 0.5) -> Path:
+    """A ledger whose one rollout has `outstanding` attempts (whole groups of 8), a `held` share of them,
+    drawn at random, held by others' live claims: hard links of one claim file, whose mtime is an hour's
+    lease. A claim's lease is its mtime and nobody reads its content; 50,000 files take the development
+    VM's disk a minute to create and delete, as many links a second."""
+    root = Path(tempfile.mkdtemp(prefix=f"scale-{outstanding}-", dir=base))
+    groups = -(-outstanding // SCALE_ATTEMPTS)
+    gen = Ledger(root).open_rollout(0, list(range(groups)), SCALE_ATTEMPTS)
+    template = root / "others-claim"
+    create_record(template, ClaimRecord(rollout_id=0, generation=gen, group=0, attempt=0, try_index=0,
+                                    worker_id="others", lease_s=3600), mtime=time.time() + 3600)
+    claims = root / "rollouts/0" / f"g{gen}" / "claims"
+    total = groups * SCALE_ATTEMPTS
+    for i in random.Random(seed).sample(range(total), int(total * held)):
+        g, a = divmod(i, SCALE_ATTEMPTS)
+        os.link(template, claims / f"{g}-{a}-0")
+    return root
+
+
+def at_scale(root: Path, workers: int, claims_each: int, design: type[Ledger] = Ledger, seed: int = 10) -> dict:
+    """`workers` workers (Ledger objects of one process) take turns, in a random order each round, to claim and
+    commit, `claims_each` rounds or until the rollout has nothing left to claim. Each pair's file-system calls
+    are counted; a claim that finds nothing (the end) is not a pair. What a pair costs is its share of its
+    worker's listings and skips: a busy pool's workers claim a few attempts each between listings."""
+    pool = [design(root, seed=seed + i) for i in range(workers)]
+    rng = random.Random(seed)
+    turns = [i for _ in range(claims_each) for i in rng.sample(range(workers), workers)]
+    per_pair: list[int] = []
+    stats = 0
     lat: list[float] = []
     with counted() as calls:
-        for _ in range(claims_each):
-            for i, worker in enumerate(pool):
-                t0 = time.perf_counter()
-                c = worker.claim(f"w{i}", lease_s=3600)
-                if c is None:
-                    continue
-                worker.commit(c, f"shard-{c.group}-{c.attempt}")
-                lat.append(time.perf_counter() - t0)
-    return {"outstanding": groups * SCALE_ATTEMPTS, "workers": workers, "pairs": len(lat),
-            "calls_per_pair": round(sum(calls.values()) / max(1, len(lat)), 1),
-            "stats_per_pair": round((calls["stat"] + calls["lstat"]) / max(1, len(lat)), 1),
+        for i in turns:
+            before = calls.copy()
+            t0 = time.perf_counter()
+            c = pool[i].claim(f"w{i}", lease_s=3600)
+            if c is None:
+                break
+            pool[i].commit(c, f"shard-{c.group}-{c.attempt}")
+            lat.append(time.perf_counter() - t0)
+            spent: Counter = calls - before
+            per_pair.append(sum(spent.values()))
+            stats += spent["stat"] + spent["lstat"]
+    n = max(1, len(per_pair))
+    return {"workers": workers, "claims_each": claims_each, "pairs": len(per_pair),
+            "calls_per_pair": round(sum(per_pair) / n, 1), "stats_per_pair": round(stats / n, 1),
+            "max_calls": max(per_pair, default=0),
             "pair_p50_ms": round(_ms(lat, 0.50), 3), "pair_p99_ms": round(_ms(lat, 0.99), 3)}
+
+
+def scale_row(base: Path, outstanding: int, workers: int) -> dict:
+    """Before and after with the baseline's 16 workers, and after with `workers`. They share a rollout while
+    those before took under 5% of its unclaimed attempts (so each finds it as the others did); else each
+    gets a rollout of its own."""
+    free = -(-outstanding // SCALE_ATTEMPTS) * SCALE_ATTEMPTS
+    row: dict = {"outstanding": free}
+    free, root, taken = free - free // 2, None, 0
+    for name, design, n, k in (("before", Before, FEW_WORKERS, FEW_CLAIMS), ("after", Ledger, FEW_WORKERS, FEW_CLAIMS),
+                               ("after_many", Ledger, workers, MANY_CLAIMS)):
+        if root is None or taken > free // 20:
+            root, taken = scale_ledger(base, outstanding), 0
+        row[name] = at_scale(root, n, k, design)
+        taken += row[name]["pairs"]
+    row["ratio"] = round(row["before"]["calls_per_pair"] / max(0.1, row["after"]["calls_per_pair"]), 1)
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,8 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default=None, help="filesystem to measure (default: a temp dir under /tmp)")
     ap.add_argument("--procs", default="1,8,32", help="comma-separated process counts")
     ap.add_argument("--pairs", type=int, default=4096, help="claim+commit pairs per measurement")
-    ap.add_argument("--outstanding", default="100,10000,100000",
+    ap.add_argument("--outstanding", default="100,1000,10000,100000",
                     help="comma-separated outstanding attempt counts for the scale rows ('' for none)")
+    ap.add_argument("--workers", type=int, default=1000, help="simulated workers of the scale rows' last columns")
     ap.add_argument("--json", action="store_true", help="end with one JSON object of the figures")
     args = ap.parse_args(argv)
     try:
@@ -154,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--outstanding must be integers of at least 2 separated by commas, got {args.outstanding!r}")
     if args.pairs < 1:
         ap.error("--pairs must be at least 1")
+    if args.workers < 1:
+        ap.error("--workers must be at least 1")
     if args.dir and not Path(args.dir).is_dir():
         ap.error(f"--dir {args.dir} is not a directory")
 
@@ -172,15 +247,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"targets: >= {TARGET_PAIRS_PER_S} pairs/s at 32 processes, p99 claim <= {TARGET_P99_MS} ms")
         scale = []
         if outstanding:
-            print(f"\n{SCALE_WORKERS} workers claiming {SCALE_CLAIMS} attempts each, others holding half the attempts")
-            print(f"{'outstanding':>11} {'calls/pair':>11} {'stats/pair':>11} {'pair p50 ms':>12} {'pair p99 ms':>12}")
+            print(f"\nfile-system calls per claim+commit (counted, not timed) while others hold half the attempts;\n"
+                  f"before (bef6541) and after: {FEW_WORKERS} workers claiming {FEW_CLAIMS} each; "
+                  f"many: {args.workers} workers claiming {MANY_CLAIMS} each")
+            print(f"{'outstanding':>11} {'before':>7} {'p99 ms':>7} {'after':>6} {'p99 ms':>7} {'ratio':>6} "
+                  f"{'many':>6} {'worst':>6} {'stats':>6} {'p50 ms':>7} {'p99 ms':>7}")
         for n in outstanding:
-            r = at_scale(Path(base), n)
+            r = scale_row(Path(base), n, args.workers)
             scale.append(r)
-            print(f"{r['outstanding']:>11} {r['calls_per_pair']:>11.1f} {r['stats_per_pair']:>11.1f} "
-                  f"{r['pair_p50_ms']:>12.2f} {r['pair_p99_ms']:>12.2f}", flush=True)
+            b, a, m = r["before"], r["after"], r["after_many"]
+            print(f"{r['outstanding']:>11} {b['calls_per_pair']:>7.1f} {b['pair_p99_ms']:>7.2f} "
+                  f"{a['calls_per_pair']:>6.1f} {a['pair_p99_ms']:>7.2f} {r['ratio']:>5.1f}x "
+                  f"{m['calls_per_pair']:>6.1f} {m['max_calls']:>6} {m['stats_per_pair']:>6.1f} "
+                  f"{m['pair_p50_ms']:>7.2f} {m['pair_p99_ms']:>7.2f}", flush=True)
         if outstanding:
-            print(f"target: a constant count of at most {TARGET_CALLS_PER_PAIR} file-system calls per claim+commit")
+            many = [r["after_many"]["calls_per_pair"] for r in scale]
+            print(f"many: {min(many):.1f} to {max(many):.1f} calls per pair (worst: the most one pair made); "
+                  f"target: at most {TARGET_CALLS_PER_PAIR}, the same at every size")
     if args.json:
         print(json.dumps({"benchmark": "ledger", "filesystem": args.dir or tempfile.gettempdir(),
                           "cpus": os.cpu_count(), "results": rows, "scale": scale}))

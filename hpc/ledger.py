@@ -19,6 +19,13 @@ or O_APPEND), so no two writers ever touch the same file and no lock is held.
 The newest g<gen> of a rollout is its current generation; anything written
 under an older one is dropped. State logic lives in hpc.ledger_state; reading the
 files in hpc.ledger_view (LedgerView, which Ledger extends with every write).
+
+A claim costs a bounded number of file-system calls however many attempts are out
+(each is a round trip to the server on NFS or Lustre): a worker takes attempts
+nobody claimed, guessed at random and then from its own listing, while there are
+any; after that it reads the leases of SAMPLE attempts per claim, in turn, to find
+the expired ones, and lists the fails for the failed ones. It never reads every
+lease: only `status()` (the trainer's) does.
 """
 
 from __future__ import annotations
@@ -30,8 +37,9 @@ import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain, islice
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from .fsio import fsync_dir, probe_links, temp_path
 from .ledger_records import (
@@ -45,14 +53,15 @@ from .ledger_records import (
     OpeningRecord,
     RolloutSpec,
 )
-from .ledger_state import TryKey, claimable
-from .ledger_view import LedgerError, LedgerView, RolloutStatus
+from .ledger_state import SAMPLE, Fresh, Spec, Unfinished, open_claims, unclaimed
+from .ledger_view import LedgerError, LedgerView, RolloutStatus, parse_names
 from .records import create_record, read_record, write_record
 
 __all__ = ["DEFAULT_MAX_TRIES", "Claim", "LeaseLost", "Ledger", "LedgerError", "LedgerView", "RolloutStatus",
            "StaleGeneration"]
 
 DEFAULT_MAX_TRIES = 3
+_Miss = Literal["taken", "closed", "committed"]     # why a try could not be claimed (Ledger._take)
 _WORKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 
 
@@ -77,6 +86,14 @@ class Claim:
     lease_s: float = 60.0
 
 
+@dataclass
+class _Seen:
+    """What one worker knows of an open generation; hpc.ledger_state keeps the books."""
+    state: Spec
+    fresh: Fresh
+    left: Unfinished | None = None     # once a listing found every attempt claimed
+
+
 def _check_index(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise LedgerError(f"{name} must be a non-negative integer, got {value!r}")
@@ -93,7 +110,7 @@ class Ledger(LedgerView):
                  seed: int | None = None):
         super().__init__(root, clock=clock)
         self._rng = random.Random(seed)
-        self._candidates: dict[Path, list[TryKey]] = {}
+        self._seen: dict[Path, _Seen] = {}        # what this worker knows of each open generation
         self._temp_dirs: dict[int, Path] = {}
         for sub in ("generations", "open", "rollouts", "tmp"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
@@ -220,7 +237,8 @@ class Ledger(LedgerView):
     # -- worker side -------------------------------------------------------------
     def claim(self, worker_id: str, lease_s: float = 60.0, rollout_id: int | None = None,
               check: Callable[[RolloutSpec], None] | None = None) -> Claim | None:
-        """Claim one attempt of an open rollout (the oldest first), or None if none is claimable.
+        """Claim one attempt of an open rollout (the oldest first), or None if none is claimable: with
+        more than SAMPLE attempts unfinished in a rollout, none found among the leases this call read.
 
         `check(spec)` runs before anything of a rollout is claimed; what it raises propagates and
         nothing is claimed (a worker that cannot do a rollout's work refuses it without costing a try).
@@ -231,11 +249,15 @@ class Ledger(LedgerView):
             raise LedgerError(f"lease_s must be positive, got {lease_s!r}")
         newest: dict[int, int] = {}
         for rid, gen in self._open_markers():
-            if rollout_id is None or rid == rollout_id:
-                newest[rid] = max(gen, newest.get(rid, gen))
+            newest[rid] = max(gen, newest.get(rid, gen))
+        open_dirs = {self._gen_dir(rid, gen) for rid, gen in newest.items()}
+        for gone in self._seen.keys() - open_dirs:
+            del self._seen[gone]       # closed or superseded: what this worker knew of it is of no use
         for rid in sorted(newest):
+            if rollout_id is not None and rid != rollout_id:
+                continue
             gen_dir = self._gen_dir(rid, newest[rid])
-            if (gen_dir / "closed").exists() or not gen_dir.is_dir():
+            if (gen_dir / "closed").exists():
                 continue
             spec = self._spec(gen_dir)
             if check is not None:
@@ -245,38 +267,90 @@ class Ledger(LedgerView):
                 return c
         return None
 
-    def _claim_in(self, gen_dir: Path, spec: RolloutSpec, worker_id: str,
-                  lease_s: float) -> Claim | None:
-        # Each worker walks its own shuffled list of candidates, skipping with one
-        # stat those taken since it listed them, and lists the directory again only
-        # when its list runs dry: amortized, a claim costs O(1) file operations.
-        for cands in (self._candidates.pop(gen_dir, []), None):
-            if cands is None:
-                cands = self._relist(gen_dir, spec)
-            while cands:
-                g, a, t = cands.pop()
-                path = gen_dir / "claims" / f"{g}-{a}-{t}"
-                if os.path.lexists(path):
-                    continue
-                record = ClaimRecord(rollout_id=spec.rollout_id, generation=spec.generation, group=g,
-                                     attempt=a, try_index=t, worker_id=worker_id, lease_s=lease_s)
-                # No fsync: a claim lost in a crash only looks like an expired lease.
-                if not create_record(path, record, fsync=False, mtime=self._clock() + lease_s,
-                                     temp_dir=self._temp_dir()):
-                    continue
-                if (gen_dir / "closed").exists():
-                    os.unlink(path)  # closed while we claimed: hand nothing out
+    def _claim_in(self, gen_dir: Path, spec: RolloutSpec, worker_id: str, lease_s: float) -> Claim | None:
+        # A bounded number of calls, however many attempts are out (hpc.ledger_state, "a claiming
+        # worker's bookkeeping"): never-claimed attempts first, and once there are none left, the
+        # attempts whose newest try failed and SAMPLE others' leases.
+        seen = self._seen.get(gen_dir)
+        if seen is None:
+            state = self._state_spec(spec)
+            seen = self._seen[gen_dir] = _Seen(state, Fresh(state, self._rng))
+
+        def take(g: int, a: int, t: int) -> Claim | _Miss:
+            return self._take(gen_dir, spec, g, a, t, worker_id, lease_s)
+
+        fresh = seen.fresh
+        fresh.start()
+        while not fresh.exhausted:
+            key = fresh.next()
+            if key is None:
+                names = os.listdir(gen_dir / "claims")
+                fresh.listed(unclaimed(seen.state, names))
+                if fresh.exhausted:
+                    tries = parse_names(open_claims(names, os.listdir(gen_dir / "commits")), 3)
+                    seen.left = Unfinished(tries, self._rng)
+                continue
+            got = take(*key, 0)
+            if isinstance(got, Claim):
+                fresh.hit()
+                return got
+            if got == "closed":
+                return None
+            fresh.miss()
+        assert seen.left is not None, "a worker that found every attempt claimed keeps its books"
+        return self._retry(gen_dir, seen.left, spec.max_tries, take)
+
+    def _retry(self, gen_dir: Path, left: Unfinished, max_tries: int,
+               take: Callable[[int, int, int], Claim | _Miss]) -> Claim | None:
+        """A next try of an attempt whose newest try ended: failed (the fails are listed), or its lease
+        expired (read for SAMPLE attempts, in turn)."""
+        if not left:
+            return None
+        d = str(gen_dir)
+        fails = set(parse_names(os.listdir(d + "/fails"), 3))
+        now = self._clock()
+        for key in chain(left.failed(fails), islice(left.sample(), SAMPLE)):
+            g, a = key
+            while key in left.tries:
+                t = left.tries[key]
+                if (g, a, t) not in fails:
+                    try:
+                        if os.stat(f"{d}/claims/{g}-{a}-{t}").st_mtime > now:
+                            break              # held: its lease runs
+                    except FileNotFoundError:
+                        pass                   # withdrawn by a close: ended
+                if os.path.lexists(f"{d}/commits/{g}-{a}") or t + 1 >= max_tries:
+                    left.drop(key)             # committed after all, or its last try ended (failed)
+                    break
+                left.advance(key, t + 1)
+                got = take(g, a, t + 1)
+                if isinstance(got, Claim):
+                    return got
+                if got == "closed":
                     return None
-                if (gen_dir / "commits" / f"{g}-{a}").exists():
-                    continue  # an earlier try, presumed dead, committed after all
-                self._candidates[gen_dir] = cands
-                return Claim(spec.rollout_id, g, a, spec.generation, t, worker_id, lease_s)
+                if got == "committed":
+                    left.drop(key)
+                # "taken": another worker holds try t + 1; look at that one
         return None
 
-    def _relist(self, gen_dir: Path, spec: RolloutSpec) -> list[TryKey]:
-        cands = claimable(self._state_spec(spec), self._observe(gen_dir), self._clock())
-        self._rng.shuffle(cands)
-        return cands
+    def _take(self, gen_dir: Path, spec: RolloutSpec, g: int, a: int, t: int, worker_id: str,
+              lease_s: float) -> Claim | _Miss:
+        """Claim try t of attempt (g, a): the Claim, or why not."""
+        path = gen_dir / "claims" / f"{g}-{a}-{t}"
+        if os.path.lexists(path):
+            return "taken"             # one stat, where a failed exclusive create costs four
+        record = ClaimRecord(rollout_id=spec.rollout_id, generation=spec.generation, group=g,
+                             attempt=a, try_index=t, worker_id=worker_id, lease_s=lease_s)
+        # No fsync: a claim lost in a crash only looks like an expired lease.
+        if not create_record(path, record, fsync=False, mtime=self._clock() + lease_s,
+                             temp_dir=self._temp_dir()):
+            return "taken"
+        if (gen_dir / "closed").exists():
+            os.unlink(path)            # closed while we claimed: hand nothing out
+            return "closed"
+        if t > 0 and (gen_dir / "commits" / f"{g}-{a}").exists():
+            return "committed"         # an earlier try, presumed dead, committed after all
+        return Claim(spec.rollout_id, g, a, spec.generation, t, worker_id, lease_s)
 
     def _attempt_path(self, c: Claim, sub: str, try_index: int | None = None) -> Path:
         gen_dir = self._gen_dir(c.rollout_id, c.generation)

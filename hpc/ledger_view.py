@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, overload
 
 from .ledger_records import ClosedRecord, CommitRecord, RolloutSpec
-from .ledger_state import Key, Observation, Spec, TryKey, needs_deadline, summarize
+from .ledger_state import Key, Observation, Spec, TryKey, needs_deadline, open_claims, summarize
 from .records import parse_record, read_record
 
 _GEN_DIR = re.compile(r"^g(\d+)$")
@@ -41,10 +41,10 @@ class RolloutStatus:
 
 
 @overload
-def _parse_names(names: list[str], n: Literal[3]) -> list[TryKey]: ...
+def parse_names(names: list[str], n: Literal[3]) -> list[TryKey]: ...
 @overload
-def _parse_names(names: list[str], n: Literal[2]) -> list[Key]: ...
-def _parse_names(names: list[str], n: int) -> list[Any]:
+def parse_names(names: list[str], n: Literal[2]) -> list[Key]: ...
+def parse_names(names: list[str], n: int) -> list[Any]:
     """Keys from record names like "3-0-1"; skips temp files (".name.tmp-...") and strangers."""
     out = []
     for name in names:
@@ -128,26 +128,24 @@ class LedgerView:
     def failures(self, rollout_id: int) -> int:
         """How many tries of the rollout's current generation failed (each retried, or the last one)."""
         _gen, gen_dir = self._current_dir(rollout_id)
-        return len(_parse_names(os.listdir(gen_dir / "fails"), 3))
+        return len(parse_names(os.listdir(gen_dir / "fails"), 3))
 
     def commits(self, rollout_id: int, groups: Iterable[int] | None = None) -> dict[Key, CommitRecord]:
         """The commit records of the rollout's current generation (optionally of some groups)."""
         gen, gen_dir = self._current_dir(rollout_id)
         wanted = None if groups is None else set(groups)
         out = {}
-        for g, a in _parse_names(os.listdir(gen_dir / "commits"), 2):
+        for g, a in parse_names(os.listdir(gen_dir / "commits"), 2):
             if wanted is None or g in wanted:
                 out[(g, a)] = read_record(gen_dir / "commits" / f"{g}-{a}", CommitRecord)
         return out
 
     def _observe(self, gen_dir: Path) -> Observation:
         d = str(gen_dir)
-        commit_names = set(os.listdir(d + "/commits"))
-        # Claims of committed attempts decide nothing: drop them before parsing.
-        open_claims = [n for n in os.listdir(d + "/claims") if n.rpartition("-")[0] not in commit_names]
-        tries = _parse_names(open_claims, 3)
-        fails = _parse_names(os.listdir(d + "/fails"), 3)
-        commits = _parse_names(list(commit_names), 2)
+        commit_names = os.listdir(d + "/commits")
+        tries = parse_names(open_claims(os.listdir(d + "/claims"), commit_names), 3)
+        fails = parse_names(os.listdir(d + "/fails"), 3)
+        commits = parse_names(commit_names, 2)
         obs = Observation.from_tries(tries, {}, fails, commits)
         deadlines = {}
         for key in obs.newest_try:

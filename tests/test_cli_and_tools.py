@@ -42,20 +42,28 @@ def test_ledger_status_of_a_run(tmp_path, capsys):
 
 @pytest.mark.integration
 def test_benchmark_prints_its_figures_as_json_last(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "benchmarks.ledger_bench", "--procs", "1,2",
-                        "--pairs", "64", "--outstanding", "40,400", "--dir", str(tmp_path), "--json"],
+    r = subprocess.run([sys.executable, "-m", "benchmarks.ledger_bench", "--procs", "1,2", "--pairs", "64",
+                        "--outstanding", "40,400", "--workers", "50", "--dir", str(tmp_path), "--json"],
                        capture_output=True, text=True, timeout=120, check=True, cwd=ROOT)
     figures = json.loads(r.stdout.strip().splitlines()[-1])
     assert [row["procs"] for row in figures["results"]] == [1, 2]
     for row in figures["results"]:
         assert row["pairs"] >= 64 and row["pairs_per_s"] > 0 and row["floor_ops_per_s"] > 0
         assert row["ratio_to_floor"] == pytest.approx(row["pairs_per_s"] / row["floor_ops_per_s"], rel=0.01)
-    # half of the attempts are held by others; 16 workers claim 4 each of what is left
-    assert [(row["outstanding"], row["pairs"]) for row in figures["scale"]] == [(40, 20), (400, 64)]
+    # Others hold half of the attempts; before and after, 16 workers claim 4 each of the rest, and then 50
+    # workers 2 each, until none is left unclaimed.
+    assert [(row["outstanding"], row["before"]["pairs"], row["after"]["pairs"], row["after_many"]["pairs"])
+            for row in figures["scale"]] == [(40, 20, 20, 20), (400, 64, 64, 100)]
     for row in figures["scale"]:
-        assert 0 < row["stats_per_pair"] < row["calls_per_pair"] and row["pair_p99_ms"] >= row["pair_p50_ms"] > 0
+        for design in ("before", "after", "after_many"):
+            m = row[design]
+            assert 0 < m["stats_per_pair"] < m["calls_per_pair"] <= m["max_calls"]
+            assert m["pair_p99_ms"] >= m["pair_p50_ms"] > 0
+        assert row["after_many"]["calls_per_pair"] <= 40
+        assert row["ratio"] == pytest.approx(row["before"]["calls_per_pair"] / row["after"]["calls_per_pair"], abs=0.1)
     for flag, value, message in (("--procs", "0", "--procs must be positive integers"),
-                                 ("--outstanding", "1", "--outstanding must be integers of at least 2")):
+                                 ("--outstanding", "1", "--outstanding must be integers of at least 2"),
+                                 ("--workers", "0", "--workers must be at least 1")):
         bad = subprocess.run([sys.executable, "-m", "benchmarks.ledger_bench", flag, value],
                              capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert bad.returncode == 2 and message in bad.stderr

@@ -1,4 +1,10 @@
-"""Model-based test: random sequences of ledger operations against a plain model of the rules."""
+"""Model-based test: random sequences of ledger operations against a plain model of the rules.
+
+Each worker has its own Ledger object, as each pool worker has: what one worker remembers of a rollout
+(hpc.ledger_state's Fresh and Unfinished) goes stale while the others claim, fail and commit. A rollout
+here has at most SAMPLE attempts, so a claim reads every lease it needs and must match the model exactly;
+beyond that it reads SAMPLE per call (tests/test_ledger.py tests expiry at scale).
+"""
 
 from dataclasses import dataclass, field
 
@@ -7,6 +13,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from hpc.ledger import LeaseLost, Ledger, StaleGeneration
+from hpc.ledger_state import SAMPLE
 
 WORKERS = ["w0", "w1", "w2"]
 
@@ -49,7 +56,8 @@ class LedgerMachine(RuleBasedStateMachine):
         import tempfile
         self.dir = tempfile.mkdtemp()
         self.now = 1000.0
-        self.led = Ledger(self.dir, clock=lambda: self.now, seed=0)
+        self.leds = {w: Ledger(self.dir, clock=lambda: self.now, seed=i) for i, w in enumerate(WORKERS)}
+        self.led = self.leds[WORKERS[0]]
         self.rollouts: dict[int, Rollout] = {}
         self.held = []
         self.last_gen = 0
@@ -62,6 +70,7 @@ class LedgerMachine(RuleBasedStateMachine):
           max_tries=st.integers(1, 3))
     def open_rollout(self, rid, ngroups, attempts, max_tries):
         groups = list(range(10, 10 + ngroups))
+        assert ngroups * attempts <= SAMPLE
         gen = self.led.open_rollout(rid, groups, attempts, max_tries)
         assert gen > self.last_gen
         self.last_gen = gen
@@ -69,7 +78,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(worker=st.sampled_from(WORKERS), lease=st.sampled_from([5.0, 20.0]))
     def claim(self, worker, lease):
-        c = self.led.claim(worker, lease_s=lease)
+        c = self.leds[worker].claim(worker, lease_s=lease)
         expected = {}
         for rid in sorted(self.rollouts):
             r = self.rollouts[rid]

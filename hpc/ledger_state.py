@@ -124,6 +124,14 @@ class Counts:
     complete_groups: list[int]
 
 
+def complete_groups(spec: Spec, commits: Iterable[Key]) -> list[int]:
+    """The groups every attempt of which is committed."""
+    done: dict[int, int] = {}
+    for g, _a in set(commits):
+        done[g] = done.get(g, 0) + 1
+    return sorted(g for g in spec.groups if done.get(g, 0) >= spec.attempts)
+
+
 def summarize(spec: Spec, obs: Observation, now: float) -> Counts:
     counts = {s: 0 for s in State}
     incomplete: set[int] = set()

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, overload
 
 from .ledger_records import ClosedRecord, CommitRecord, RolloutSpec
-from .ledger_state import Key, Observation, Spec, TryKey, needs_deadline, open_claims, summarize
+from .ledger_state import Key, Observation, Spec, TryKey, complete_groups, needs_deadline, open_claims, summarize
 from .records import parse_record, read_record
 
 _GEN_DIR = re.compile(r"^g(\d+)$")
@@ -124,6 +124,13 @@ class LedgerView:
         return RolloutStatus(rollout_id, gen, (gen_dir / "closed").exists(),
                              len(spec.groups) * spec.attempts, counts.committed, counts.claimed,
                              counts.pending, counts.failed, counts.complete_groups)
+
+    def complete_groups(self, rollout_id: int) -> list[int]:
+        """The groups of the rollout's current generation whose every attempt is committed: one listing,
+        where status() reads every lease (a poll for completion, cheap enough to make often)."""
+        _gen, gen_dir = self._current_dir(rollout_id)
+        spec = self._spec(gen_dir)
+        return complete_groups(self._state_spec(spec), parse_names(os.listdir(gen_dir / "commits"), 2))
 
     def failures(self, rollout_id: int) -> int:
         """How many tries of the rollout's current generation failed (each retried, or the last one)."""

@@ -173,7 +173,7 @@ class LedgerMachine(RuleBasedStateMachine):
             assert got == counts, (rid, got, counts)
             complete = sorted(g for g in r.groups
                               if all(r.state[(g, a)].commit for a in range(r.attempts)))
-            assert st_.complete_groups == complete
+            assert st_.complete_groups == complete == self.led.complete_groups(rid)   # the trainer's cheap poll
             assert st_.closed == r.closed and st_.generation == r.gen
             for (g, a), rec in self.led.commits(rid).items():
                 assert (rec.try_index, rec.worker_id) == r.state[(g, a)].commit

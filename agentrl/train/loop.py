@@ -45,7 +45,8 @@ from .torch_backend import TorchPolicy, barrier, world
 from .tracking import NoTracker, Tracker, make_tracker
 
 log = logging.getLogger("agentrl.train")
-POLL_S = 1.0
+POLL_S = 0.25             # a poll of the commits (one listing); what the trainer may oversleep a rollout's end
+LOG_S = 5.0               # between progress lines, each a read of every lease
 CLOSE_GRACE_S = 300.0     # beyond rollout_timeout_s, how long ranks > 0 wait for rank 0 to close a rollout
 
 
@@ -85,24 +86,31 @@ class Trainer:
                  self.cfg.n_samples_per_prompt)
 
     def wait_for_groups(self, r: int) -> list[int]:
-        """Poll until enough groups are complete (or the timeout), logging progress as it changes."""
+        """Poll until enough groups are complete (or the timeout), logging progress every LOG_S as it changes.
+
+        A poll is one listing of the commits (LedgerView.complete_groups), so it can be frequent: with
+        rollouts ahead of training, every second the trainer oversleeps is a second it idles. The
+        progress line needs every lease (LedgerView.status) and is made less often."""
         need = math.ceil(self.cfg.min_complete_fraction * self.cfg.rollout_batch_size)
-        deadline, last = self.clock() + self.cfg.rollout_timeout_s, None
+        deadline, last, logged = self.clock() + self.cfg.rollout_timeout_s, None, -math.inf
         while True:
-            st = self.ledger.status(r)
-            seen = (len(st.complete_groups), st.committed, st.claimed, st.failed)
-            if seen != last and self.rank == 0:
-                log.info("rollout %d: %d/%d groups complete (%d needed); attempts %d committed, %d running, "
-                         "%d failed, of %d", r, seen[0], self.cfg.rollout_batch_size, need, st.committed,
-                         st.claimed, st.failed, st.total)
-                last = seen
+            complete = self.ledger.complete_groups(r)
+            done = len(complete) >= self.cfg.rollout_batch_size
+            if done or self.clock() - logged >= LOG_S:
+                st, logged = self.ledger.status(r), self.clock()
+                seen = (len(st.complete_groups), st.committed, st.claimed, st.failed)
+                if seen != last:
+                    log.info("rollout %d: %d/%d groups complete (%d needed); attempts %d committed, %d running, "
+                             "%d failed, of %d", r, seen[0], self.cfg.rollout_batch_size, need, st.committed,
+                             st.claimed, st.failed, st.total)
+                    last = seen
             liveness.beat(self.liveness_file)
-            if len(st.complete_groups) >= self.cfg.rollout_batch_size:
-                return st.complete_groups
+            if done:
+                return complete
             if self.clock() >= deadline:
-                if len(st.complete_groups) >= need:
-                    return st.complete_groups
-                raise TimeoutError(f"rollout {r}: only {len(st.complete_groups)} of {need} needed groups completed "
+                if len(complete) >= need:
+                    return complete
+                raise TimeoutError(f"rollout {r}: only {len(complete)} of {need} needed groups completed "
                                    f"in rollout_timeout_s={self.cfg.rollout_timeout_s:g}: are pool workers running? "
                                    f"(agentrl ledger status {self.run.root})")
             self.sleep(POLL_S)

@@ -45,7 +45,8 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev,train,mpi,megatron,wandb]'
 	touch $@
 
-# Claude Code and Qwen Code at the versions agentrl/harness/install.py pins, for the harness tests (needs npm)
+# Claude Code, Qwen Code, Codex (npm) and mini-swe-agent (PyPI) at the versions agentrl/harness pins, for the
+# harness tests (needs npm and the registries; does nothing when all are in place)
 clis: venv
 	@AGENTRL_PYTHON=$(BIN)/python tools/install_agent_clis.sh
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Install the agent CLIs the harnesses drive, at the versions agentrl/harness/install.py pins (PINNED_CLIS),
-# into DIR (default: .agent-clis in the repo), and print the paths of the two binaries. Skips npm when DIR
-# already runs exactly these versions. What the CLIs send and how to run them against the adapter:
-# docs/agent-clis.md.
+# Install the agent CLIs the harnesses drive, at the versions agentrl/harness/install.py pins (PINNED_CLIS:
+# Claude Code, Qwen Code, Codex, from npm), into DIR (default: .agent-clis in the repo), and mini-swe-agent
+# (PyPI, pinned in agentrl/harness/mini_swe_agent.py, with a copy of this Python) into DIR/mini-swe-agent;
+# then print the programs' paths. Skips npm and pip when DIR already runs exactly these versions; without
+# npm or the registries it stops with their answer and exit 1. What the CLIs send and how to run them
+# against the adapter: docs/agent-clis.md.
 #
 # The install itself is agentrl.harness.install.main, the code the harnesses run when a tools directory
 # lacks the CLIs, so the pins and the readiness check live in one place. It needs a Python that imports

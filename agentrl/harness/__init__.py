@@ -6,11 +6,14 @@ from .base import AgentCommand, Harness, HarnessInstallError, HarnessRun, Trajec
 from .builtin import Builtin
 from .claude_code import ClaudeCode
 from .codebuddy import CodeBuddy
+from .codex import Codex
 from .empty_patch import EmptyPatchClass, EmptyPatchPolicy, classify_empty_patch, decide
+from .mini_swe_agent import MiniSweAgent
 from .prompts import PROBLEM_FILE
 from .qwen_code import QwenCode
 
-HARNESSES: dict[str, Harness] = {h.name: h for h in (ClaudeCode(), QwenCode(), CodeBuddy(), Builtin())}
+HARNESSES: dict[str, Harness] = {h.name: h for h in (ClaudeCode(), QwenCode(), Codex(), MiniSweAgent("toolcall"),
+                                                     MiniSweAgent("text"), CodeBuddy(), Builtin())}
 
 
 def get_harness(name: str) -> Harness:

@@ -1,8 +1,9 @@
 """Putting CLIs into the host tools directory that sandboxes mount read-only (task images stay untouched).
 
-    TOOLS/clis/       Claude Code and Qwen Code at the pinned versions (PINNED_CLIS)
+    TOOLS/clis/       Claude Code, Qwen Code and Codex at the pinned versions (PINNED_CLIS)
     TOOLS/node/bin/node   a Node.js for images without one (Qwen Code, CodeBuddy Code)
     TOOLS/codebuddy/  CodeBuddy Code (npm)
+    TOOLS/mini-swe-agent/   mini-swe-agent with a Python of its own (mini_swe_agent.py builds it)
     TOOLS/builtin_agent.py
 
 Everything is built beside its final place and renamed in, so a concurrent install or a killed one
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -28,7 +30,8 @@ from .base import HarnessInstallError
 # these versions send; re-check it when a pin moves.
 CLAUDE_CODE = "@anthropic-ai/claude-code"
 QWEN_CODE = "@qwen-code/qwen-code"
-PINNED_CLIS = {CLAUDE_CODE: "2.1.332", QWEN_CODE: "0.24.4"}   # npm package -> version
+CODEX = "@openai/codex"
+PINNED_CLIS = {CLAUDE_CODE: "2.1.332", QWEN_CODE: "0.24.4", CODEX: "0.171.0"}   # npm package -> version
 
 # `make clis` installs the pinned CLIs into .agent-clis/ of a source checkout, and install_clis copies that
 # tree rather than asking npm again. An installed wheel has no checkout beside its packages: there this
@@ -37,6 +40,25 @@ CHECKOUT_CLIS = Path(__file__).resolve().parents[2] / ".agent-clis"
 CLAUDE_BIN = "node_modules/.bin/claude"
 QWEN_BIN = "node_modules/.bin/qwen"
 QWEN_ENTRY = "node_modules/@qwen-code/qwen-code/cli-entry.js"
+# Codex's npm package is a Node launcher; the program is a static musl binary in a platform package
+# (an optionalDependency aliased to `@openai/codex@VERSION-linux-x64`, from the npm registry like the
+# rest). The harness runs the binary itself, so images need no Node for it.
+CODEX_TARGETS = {"x86_64": ("linux-x64", "x86_64-unknown-linux-musl"),
+                 "aarch64": ("linux-arm64", "aarch64-unknown-linux-musl")}
+
+
+def codex_bin(machine: str) -> str:
+    """The Codex binary under the npm prefix, for a host of this `platform.machine()`."""
+    if machine not in CODEX_TARGETS:
+        return "node_modules/.bin/codex"   # the Node launcher, which names the platform it lacks
+    package, target = CODEX_TARGETS[machine]
+    return f"node_modules/@openai/codex-{package}/vendor/{target}/bin/codex"
+
+
+CODEX_BIN = codex_bin(platform.machine())
+# `make clis` also builds mini-swe-agent (agentrl/harness/mini_swe_agent.py) in this folder of the checkout's
+# .agent-clis, and the harness puts it into TOOLS/mini-swe-agent.
+MINI_DIR = "mini-swe-agent"
 NODE_BIN_DIR = "node/bin"
 NODE_BIN = f"{NODE_BIN_DIR}/node"
 MIN_NODE_MAJOR = 20
@@ -51,10 +73,12 @@ def _output(argv: list[str], timeout: float = 60) -> str | None:
 
 
 def clis_ready(clis: Path) -> bool:
-    """Both CLIs answer with the pinned versions (asked, not read from package.json: a blocked
-    postinstall leaves Claude Code's package.json beside a stub)."""
+    """Every CLI answers with its pinned version (asked, not read from package.json: a blocked
+    postinstall leaves Claude Code's package.json beside a stub, a skipped optional dependency
+    leaves Codex's launcher without its binary)."""
     return (_output([str(clis / CLAUDE_BIN), "--version"]) == f"{PINNED_CLIS[CLAUDE_CODE]} (Claude Code)"
-            and _output(["node", str(clis / QWEN_ENTRY), "--version"]) == PINNED_CLIS[QWEN_CODE])
+            and _output(["node", str(clis / QWEN_ENTRY), "--version"]) == PINNED_CLIS[QWEN_CODE]
+            and _output([str(clis / CODEX_BIN), "--version"]) == f"codex-cli {PINNED_CLIS[CODEX]}")
 
 
 def pinned_cli_packages() -> list[str]:
@@ -95,8 +119,10 @@ def install_clis(tools_dir: Path) -> Path:
 
     def build(tmp: Path) -> None:
         if clis_ready(CHECKOUT_CLIS):
-            r = subprocess.run(["cp", "-a", "--reflink=auto", f"{CHECKOUT_CLIS}/.", str(tmp)], capture_output=True,
-                               text=True)
+            # The npm tree only: mini-swe-agent's build beside it has a place of its own in the tools dir
+            # (and a dot-folder is someone's build in progress).
+            parts = [str(p) for p in CHECKOUT_CLIS.iterdir() if p.name != MINI_DIR and not p.name.startswith(".")]
+            r = subprocess.run(["cp", "-a", "--reflink=auto", *parts, str(tmp)], capture_output=True, text=True)
             if r.returncode == 0:
                 return
         npm_install(tmp, pinned_cli_packages(), dest)
@@ -184,16 +210,27 @@ def install_file(source: Path, dest: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`make clis` (tools/install_agent_clis.sh): the pinned CLIs into DIR, then the paths of the two binaries."""
+    """`make clis` (tools/install_agent_clis.sh): the pinned CLIs into DIR (an npm prefix) and mini-swe-agent
+    into DIR/mini-swe-agent, then the paths of the programs."""
+    from .mini_swe_agent import LAUNCHER, PYTHON, build, mini_ready
+
     p = argparse.ArgumentParser(prog="install_agent_clis.sh", description=main.__doc__)
     p.add_argument("dir", metavar="DIR", type=Path, help="the install's own directory (an npm prefix)")
     dest = p.parse_args(argv).dir.resolve()
-    if not clis_ready(dest):
-        try:
-            place_atomically(dest, lambda tmp: npm_install(tmp, pinned_cli_packages(), dest), clis_ready)
-        except HarnessInstallError as e:
-            print(f"install_agent_clis: {e}", file=sys.stderr)
-            return 1
-    print(dest / CLAUDE_BIN)
-    print(dest / QWEN_BIN)
+    mini = dest / MINI_DIR
+
+    def npm_keeping_mini(tmp: Path) -> None:
+        npm_install(tmp, pinned_cli_packages(), dest)
+        if mini.is_dir():           # a new CLI pin need not cost mini-swe-agent's build
+            mini.rename(tmp / MINI_DIR)
+    try:
+        if not clis_ready(dest):
+            place_atomically(dest, npm_keeping_mini, clis_ready)
+        if not mini_ready(mini):
+            place_atomically(mini, lambda tmp: build(tmp, mini), mini_ready)
+    except HarnessInstallError as e:
+        print(f"install_agent_clis: {e}", file=sys.stderr)
+        return 1
+    for program in (CLAUDE_BIN, QWEN_BIN, CODEX_BIN, f"{MINI_DIR}/{PYTHON} {mini}/{LAUNCHER}"):
+        print(dest / program)
     return 0

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from proc_table import pids_named
+from proc_table import orphans_named
 
 from agentrl.swe.harbor import BUNDLED_TASKS
 from hpc.runlayout import RunLayout
@@ -114,7 +114,8 @@ def test_the_run_survives_kill_9_of_a_pool_worker_and_the_inference_server(demo_
     demo_config.write_text(yaml.safe_dump(config))
     mid = 1 + max_staleness                 # open once rollout 0 has trained
     run_dir = tmp_path / "runs/faults"
-    before = pids_named(SUPERVISOR_NAME) | pids_named(FORK_SERVER_NAME)    # others' may end meanwhile
+    # others' may start or end meanwhile: what counts is a new one left without its owner
+    before = orphans_named(SUPERVISOR_NAME) | orphans_named(FORK_SERVER_NAME)
     launch = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "launch", str(demo_config), "--executor", "local",
                                "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
     try:
@@ -141,8 +142,8 @@ def test_the_run_survives_kill_9_of_a_pool_worker_and_the_inference_server(demo_
     # Nothing of the killed worker's sandboxes is left: no supervisor, no fork server (its forwarders
     # were reparented to pid 1 and ran forever before the supervisors).
     deadline = time.monotonic() + 10
-    def left() -> set[int]:     # the run's own, still there
-        return (pids_named(SUPERVISOR_NAME) | pids_named(FORK_SERVER_NAME)) - before
+    def left() -> set[int]:     # the run's own, outliving the killed worker
+        return (orphans_named(SUPERVISOR_NAME) | orphans_named(FORK_SERVER_NAME)) - before
 
     while left() and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -12,6 +12,7 @@ declare -A pkg=(
   [mpirun]=openmpi-bin [mpicc]=libopenmpi-dev
   [shellcheck]=shellcheck
   [buildah]=buildah [skopeo]=skopeo [docker-registry]=docker-registry [ch-image]=charliecloud-builders
+  [ch-run]=charliecloud-runtime      # ch-image's import and RUN steps run ch-run
 )
 missing=()
 for cmd in "${!pkg[@]}"; do command -v "$cmd" >/dev/null || missing+=("$cmd"); done

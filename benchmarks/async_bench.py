@@ -42,8 +42,9 @@ samples per hour of k = 0, and its trainer idles <= 10% of the time.
 
 The defaults (16 attempts a rollout, turns of median 2 s, a 12 s step) make the k = 0 rollout about as
 long as a step on 2 idle cores (11-12 s; under other load it takes longer: the table prints the measured
-ratio, and --train-step-s sets the step to match), and the whole run take about 6 minutes there. Needs root, bwrap and nsenter
-(bwrap sandboxes). Each k's run stays in WORK/runs/k<k> (its logs under logs/); a failed run names its log.
+ratio, and --train-step-s sets the step to match), and the whole run take about 6 minutes there. Needs
+root, bwrap and nsenter (bwrap sandboxes). Each k's run stays in WORK/runs/k<k> (its logs under logs/);
+a failed run names its log.
 """
 
 from __future__ import annotations

@@ -30,6 +30,27 @@ def prompts(bundled_prompts) -> Path:
     return bundled_prompts
 
 
+@pytest.fixture
+def ledger_events(monkeypatch) -> list[str]:
+    """"open r" and "close r", in the order the trainer opens and closes rollouts in the ledger."""
+    from hpc.ledger import Ledger
+
+    events: list[str] = []
+    real_close, real_open = Ledger.close_rollout, Ledger.open_rollout
+
+    def close(self, r):
+        events.append(f"close {r}")
+        return real_close(self, r)
+
+    def open_(self, r, *a, **kw):
+        events.append(f"open {r}")
+        return real_open(self, r, *a, **kw)
+
+    monkeypatch.setattr(Ledger, "close_rollout", close)
+    monkeypatch.setattr(Ledger, "open_rollout", open_)
+    return events
+
+
 def config(tiny_model, prompts, **over):
     base = {"model": str(tiny_model), "prompt_data": str(prompts), "num_rollouts": 2, "rollout_batch_size": 3,
             "n_samples_per_prompt": 2, "lr": 1e-3, "max_tokens_per_gpu": 256, "rollout_timeout_s": 60,
@@ -196,15 +217,14 @@ def test_weights_reach_the_inference_server_before_the_next_rollout_opens(tiny_m
     assert [m.get("weight_version") for m in lines] == [1, 2, None] and lines[0]["inference_servers"] == 1
 
 
-def test_colocated_servers_release_memory_only_after_the_rollout_closes(tiny_model, prompts, tmp_path):
+def test_colocated_servers_release_memory_only_after_the_rollout_closes(tiny_model, prompts, tmp_path, ledger_events):
     """The protocol's order on CPU: the memory release itself needs a GPU (SGLang's memory saver)."""
     import httpx
 
     from hpc.inference.sglang import SGLangClient
-    from hpc.ledger import Ledger
     from hpc.registry import Registry
 
-    events: list[str] = []
+    events = ledger_events
     version = {"v": "0"}
 
     def server(request: httpx.Request) -> httpx.Response:
@@ -216,26 +236,12 @@ def test_colocated_servers_release_memory_only_after_the_rollout_closes(tiny_mod
         events.append(path.strip("/"))
         return httpx.Response(200, json={"success": True})
 
-    real_close, real_open = Ledger.close_rollout, Ledger.open_rollout
-
-    def close(self, r):
-        events.append(f"close {r}")
-        return real_close(self, r)
-
-    def open_(self, r, *a, **kw):
-        events.append(f"open {r}")
-        return real_open(self, r, *a, **kw)
-
     run = RunLayout.create(tmp_path / "run")
     Registry(run.services_dir).register("inference", 0, host="gpu1", port=30000)
     trainer = Trainer(run, config(tiny_model, prompts, num_rollouts=2, colocated=True),
                       inference_client=lambda url: SGLangClient(url, transport=httpx.MockTransport(server)))
-    Ledger.close_rollout, Ledger.open_rollout = close, open_
-    try:
-        with FakePool(run.root):
-            trainer.train()
-    finally:
-        Ledger.close_rollout, Ledger.open_rollout = real_close, real_open
+    with FakePool(run.root):
+        trainer.train()
     cycle = ["pause_generation", "release_memory_occupation", "resume_memory_occupation"]
     assert events == ["open 0", "close 0", *cycle, "update_weights_from_disk", "flush_cache", "continue_generation",
                       "open 1", "close 1", *cycle, "continue_generation"]   # no new weights after the last rollout
@@ -312,22 +318,11 @@ def test_a_server_answering_200_without_json_is_not_taken_for_a_publish():
         client.update_weights(Path("/ckpt/iter_1/hf"), 1)
 
 
-def test_rollouts_run_ahead_of_training_and_stale_tokens_never_reach_a_step(tiny_model, prompts, tmp_path):
+def test_rollouts_run_ahead_of_training_and_stale_tokens_never_reach_a_step(tiny_model, prompts, tmp_path,
+                                                                             ledger_events):
     """max_staleness 1: rollout r+1 is open (and worked on) while r trains. Tokens of weights more than one
     rollout behind the policy are masked: a rollout left with none trains no step."""
-    from hpc.ledger import Ledger
-
-    events: list[str] = []
-    real_close, real_open = Ledger.close_rollout, Ledger.open_rollout
-
-    def close(self, r):
-        events.append(f"close {r}")
-        return real_close(self, r)
-
-    def open_(self, r, *a, **kw):
-        events.append(f"open {r}")
-        return real_open(self, r, *a, **kw)
-
+    events = ledger_events
     stepped: dict[str, list[tuple[int, set[int]]]] = {}
 
     class Recording(Trainer):
@@ -352,17 +347,13 @@ def test_rollouts_run_ahead_of_training_and_stale_tokens_never_reach_a_step(tiny
         """The version a server serves when the pool claims: the one last published."""
         return lambda claim: (run.published_weights() or (0, None))[0]
 
-    Ledger.close_rollout, Ledger.open_rollout = close, open_
-    try:
-        ahead = RunLayout.create(tmp_path / "ahead")
-        with FakePool(ahead.root, version=published(ahead)):
-            Recording(ahead, config(tiny_model, prompts, num_rollouts=3, max_staleness=1)).train()
-        order, events[:] = list(events), []
-        stale = RunLayout.create(tmp_path / "stale")
-        with FakePool(stale.root, version=lambda claim: 0):       # a server that never took new weights
-            Recording(stale, config(tiny_model, prompts, num_rollouts=3, max_staleness=1)).train()
-    finally:
-        Ledger.close_rollout, Ledger.open_rollout = real_close, real_open
+    ahead = RunLayout.create(tmp_path / "ahead")
+    with FakePool(ahead.root, version=published(ahead)):
+        Recording(ahead, config(tiny_model, prompts, num_rollouts=3, max_staleness=1)).train()
+    order = list(events)
+    stale = RunLayout.create(tmp_path / "stale")
+    with FakePool(stale.root, version=lambda claim: 0):       # a server that never took new weights
+        Recording(stale, config(tiny_model, prompts, num_rollouts=3, max_staleness=1)).train()
     assert order == ["open 0", "open 1", "close 0", "open 2", "close 1", "close 2"]
     for r, versions in stepped["ahead"]:
         assert versions and all(0 <= r - v <= 1 for v in versions), (r, versions)

@@ -7,6 +7,7 @@ and knows how to put its CLI into the host tools directory that sandboxes mount 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +82,24 @@ class Trajectory:
 
 
 UNREADABLE = Trajectory(final_text=None, turns=0, tool_calls=0, exit_reason=None, raw_ok=False)
+SUMMARY_KEYS = ("final_text", "turns", "tool_calls", "exit_reason")
+
+
+def read_summary_line(stdout: bytes) -> Trajectory:
+    """An agent's last stdout line, {"final_text", "turns", "tool_calls", "exit_reason"}, as the builtin agent
+    and the mini-swe-agent launcher end; UNREADABLE when it is not that."""
+    try:
+        lines = stdout.decode("utf-8", errors="replace").strip().splitlines()
+        summary = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        return UNREADABLE
+    if not isinstance(summary, dict) or not all(k in summary for k in SUMMARY_KEYS):
+        return UNREADABLE
+    final, turns, calls, reason = (summary[k] for k in SUMMARY_KEYS)
+    if not (isinstance(final, str | None) and isinstance(reason, str | None)
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in (turns, calls))):
+        return UNREADABLE
+    return Trajectory(final_text=final, turns=turns, tool_calls=calls, exit_reason=reason, raw_ok=True)
 
 
 class Harness(Protocol):

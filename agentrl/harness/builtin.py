@@ -6,17 +6,16 @@ context gets the adapter's length stop, and the agent ends there (exit 2).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .base import (
-    UNREADABLE,
     AgentCommand,
     HarnessRun,
     Trajectory,
     WireProtocol,
     argv_size_warnings,
     compaction_warnings,
+    read_summary_line,
     with_overrides,
 )
 from .install import install_file
@@ -24,7 +23,6 @@ from .prompts import prompt_and_files
 
 AGENT_SOURCE = Path(__file__).with_name("builtin_agent.py")
 AGENT_FILE = "builtin_agent.py"
-SUMMARY_KEYS = ("final_text", "turns", "tool_calls", "exit_reason")
 
 
 class Builtin:
@@ -45,16 +43,4 @@ class Builtin:
                             warnings=compaction_warnings(run, None, "the builtin agent") + argv_size_warnings(prompt))
 
     def read_trajectory(self, stdout: bytes, stderr: bytes) -> Trajectory:
-        """The agent's last stdout line: {"final_text", "turns", "tool_calls", "exit_reason"}."""
-        try:
-            lines = stdout.decode("utf-8", errors="replace").strip().splitlines()
-            summary = json.loads(lines[-1]) if lines else None
-        except ValueError:
-            return UNREADABLE
-        if not isinstance(summary, dict) or not all(k in summary for k in SUMMARY_KEYS):
-            return UNREADABLE
-        final, turns, calls, reason = (summary[k] for k in SUMMARY_KEYS)
-        if not (isinstance(final, str | None) and isinstance(reason, str | None)
-                and all(isinstance(n, int) and not isinstance(n, bool) for n in (turns, calls))):
-            return UNREADABLE
-        return Trajectory(final_text=final, turns=turns, tool_calls=calls, exit_reason=reason, raw_ok=True)
+        return read_summary_line(stdout)

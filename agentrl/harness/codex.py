@@ -27,6 +27,7 @@ from .base import (
 )
 from .install import CODEX_BIN, install_clis
 from .prompts import prompt_and_files
+from .stream_json import json_lines
 
 PROVIDER = "agentrl"
 KEY_ENV = "AGENTRL_API_KEY"   # the session key; Codex sends it as `Authorization: Bearer`
@@ -115,21 +116,6 @@ class Codex:
         return read_codex_json(stdout)
 
 
-def _events(stdout: bytes) -> list[dict[str, Any]]:
-    out = []
-    for line in stdout.decode("utf-8", errors="replace").splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            out.append(obj)
-    return out
-
-
 def read_codex_json(stdout: bytes) -> Trajectory:
     """`codex exec --json`: one event a line (thread.started, turn.started, item.started/updated/completed,
     turn.completed or turn.failed, error). The final text is the last agent_message; the exit reason is
@@ -139,7 +125,7 @@ def read_codex_json(stdout: bytes) -> Trajectory:
     a tool call that does not directly follow one, as a reply each: exact for replies of text and at
     most one call, an upper bound when a reply makes parallel calls. Never raises."""
     try:
-        events = _events(stdout)
+        events = json_lines(stdout)
     except Exception:  # noqa: BLE001 - a reader of foreign output must not raise
         return UNREADABLE
     turns = tool_calls = 0

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .base import (
-    UNREADABLE,
     AgentCommand,
     HarnessInstallError,
     HarnessRun,
@@ -38,6 +37,7 @@ from .base import (
     WireProtocol,
     argv_size_warnings,
     compaction_warnings,
+    read_summary_line,
     with_overrides,
 )
 from .install import CHECKOUT_CLIS, MINI_DIR, install_file, place_atomically
@@ -77,7 +77,6 @@ GLIBC = ("linux-vdso", "linux-gate", "ld-linux", "libc.so", "libm.so", "libmvec.
 STDLIB_SKIP = ("site-packages", "dist-packages", "test", "idlelib", "tkinter", "turtledemo", "ensurepip",
                "_tkinter.*", "_test*.so", "xxlimited*.so")
 SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-SUMMARY_KEYS = ("final_text", "turns", "tool_calls", "exit_reason")
 # litellm's read timeout for a non-streamed call (its default is 600 s, and mini retries a timed-out call:
 # the same turn generated again). The sandbox's time limit is the real bound.
 REQUEST_TIMEOUT_S = 3600
@@ -247,16 +246,4 @@ class MiniSweAgent:
         return AgentCommand(argv=argv, env=env, files=files, warnings=warnings)
 
     def read_trajectory(self, stdout: bytes, stderr: bytes) -> Trajectory:
-        """The launcher's last stdout line: {"final_text", "turns", "tool_calls", "exit_reason"}."""
-        try:
-            lines = stdout.decode("utf-8", errors="replace").strip().splitlines()
-            summary = json.loads(lines[-1]) if lines else None
-        except ValueError:
-            return UNREADABLE
-        if not isinstance(summary, dict) or not all(k in summary for k in SUMMARY_KEYS):
-            return UNREADABLE
-        final, turns, calls, reason = (summary[k] for k in SUMMARY_KEYS)
-        if not (isinstance(final, str | None) and isinstance(reason, str | None)
-                and all(isinstance(n, int) and not isinstance(n, bool) for n in (turns, calls))):
-            return UNREADABLE
-        return Trajectory(final_text=final, turns=turns, tool_calls=calls, exit_reason=reason, raw_ok=True)
+        return read_summary_line(stdout)

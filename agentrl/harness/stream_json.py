@@ -14,7 +14,8 @@ from typing import Any
 from .base import UNREADABLE, Trajectory
 
 
-def _objects(stdout: bytes) -> list[dict[str, Any]]:
+def json_lines(stdout: bytes) -> list[dict[str, Any]]:
+    """The JSON objects of a CLI's stdout, one a line; other lines (logs, partial writes) are skipped."""
     out = []
     for line in stdout.decode("utf-8", errors="replace").splitlines():
         line = line.strip()
@@ -38,7 +39,7 @@ def _blocks(message: Any) -> list[dict[str, Any]]:
 
 def read_stream_json(stdout: bytes) -> Trajectory:
     try:
-        objects = _objects(stdout)
+        objects = json_lines(stdout)
     except Exception:  # noqa: BLE001 - a reader of foreign output must not raise
         return UNREADABLE
     turns = tool_calls = 0

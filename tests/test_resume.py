@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
-ROLLOUTS = 3
+ROLLOUTS = 6                       # a stop after the first checkpoint lands mid-way, however fast rollouts go
 
 
 @pytest.fixture

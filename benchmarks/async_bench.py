@@ -70,6 +70,8 @@ import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from benchmarks.common import stop
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 TARGET_RATIO = 1.8          # k = 1's samples/h against k = 0's
@@ -328,12 +330,7 @@ def launch(args: argparse.Namespace, work: Path, k: int) -> Path:
                     seen += 1
                 time.sleep(0.5)
         finally:      # ^C, a test's timeout: the launcher stops its roles
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop(proc)
     if proc.returncode or seen != args.rollouts:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
         raise SystemExit(f"async_bench: the run at k={k} failed (exit {proc.returncode}, {seen} of {args.rollouts} "

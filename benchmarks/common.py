@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import subprocess
 from collections.abc import Iterable
 
 
@@ -19,3 +20,15 @@ def percentile(xs: Iterable[float], q: float) -> float:
     lo = math.floor(pos)
     hi = min(lo + 1, len(values) - 1)
     return values[lo] + (values[hi] - values[lo]) * (pos - lo)
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
+    """End a child still running (interrupted: ^C, a test's timeout): SIGTERM, so that a launcher stops the
+    roles it started, then SIGKILL after grace_s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -43,6 +43,7 @@ from pathlib import Path
 import yaml
 
 from agentrl.eval.stats import Estimate, paired_difference, pass_at_1, read_results
+from benchmarks.common import stop
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,12 +81,7 @@ def agentrl(*args: str | Path, log: Path, progress: Path | None = None) -> None:
                     shown = progress if progress is not None and progress.exists() else log
                     print(f"    {last_line(shown)}", flush=True)
         finally:   # interrupted (^C, a test's timeout): the command goes too, and stops what it started
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop(proc)
     if code:
         tail = log.read_text(errors="replace").splitlines()[-15:]
         raise SystemExit(f"learning_bench: `agentrl {' '.join(map(str, args))}` exited {code}; "

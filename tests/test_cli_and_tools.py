@@ -100,6 +100,23 @@ def test_the_benchmarks_percentile_is_numpys_default():
             common.percentile(bad, 1.5 if bad else 0.5)
 
 
+def test_the_benchmarks_stop_a_child_with_sigterm_and_kill_one_that_ignores_it():
+    import subprocess
+
+    from benchmarks import common
+
+    polite = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    common.stop(polite, grace_s=10)
+    assert polite.returncode == -15                       # SIGTERM was enough
+    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
+                                 "signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True)\n"
+                                 "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    assert stubborn.stdout.readline() == "ready\n"
+    common.stop(stubborn, grace_s=0.5)
+    assert stubborn.returncode == -9
+    common.stop(stubborn)                                  # already ended: nothing to do
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
                     reason="needs root and setpriv to run the script as an unprivileged user")
 @pytest.mark.integration

@@ -44,6 +44,18 @@ def logprob(position: int, token_id: int) -> float:
     return -(((token_id + 7 * position) % 97) + 1) / 100.0
 
 
+def assert_one_exact_sample(result: dict[str, Any], sampled: list[list[int]]) -> None:
+    """A finish_session reply is one clean chain training exactly the `sampled` ids of each step, with the
+    scripted logprobs."""
+    assert len(result["samples"]) == 1, result["stats"]
+    s = result["samples"][0]
+    response = s["tokens"][s["prompt_length"]:]
+    trained = [(t, lp) for t, m, lp in zip(response, s["loss_mask"], s["rollout_log_probs"], strict=True) if m]
+    assert s["trained_tokens"] == sum(map(len, sampled))
+    assert trained == [(t, logprob(i, t)) for ids in sampled for i, t in enumerate(ids)]
+    assert result["stats"]["drift"] == {"root": 1, "clean": len(sampled) - 1, "realign": 0, "fork": 0}
+
+
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message}}, status_code=status)
 

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from scripted_upstream import ScriptedUpstream, logprob
+from scripted_upstream import ScriptedUpstream, assert_one_exact_sample
 
 from agentrl.adapter.serve import AdapterServer
 from agentrl.adapter.service import Adapter, AdapterConfig
@@ -58,16 +58,6 @@ def run_session(tiny_model, tmp_path, steps, argv_env):
             sampled = [upstream.output_ids(s) for s in steps]
             calls = len(upstream.requests)
     return result, sampled, run, calls, work
-
-
-def assert_one_exact_sample(result, sampled):
-    assert len(result["samples"]) == 1, result["stats"]
-    s = result["samples"][0]
-    response = s["tokens"][s["prompt_length"]:]
-    trained = [(t, lp) for t, m, lp in zip(response, s["loss_mask"], s["rollout_log_probs"], strict=True) if m]
-    assert s["trained_tokens"] == sum(map(len, sampled))
-    assert trained == [(t, logprob(i, t)) for ids in sampled for i, t in enumerate(ids)]
-    assert result["stats"]["drift"] == {"root": 1, "clean": len(sampled) - 1, "realign": 0, "fork": 0}
 
 
 def base_env(home: Path) -> dict:

@@ -3,7 +3,6 @@ Codex CLI (0.171.0) through the adapter with a scripted model: on the host from 
 in a bubblewrap sandbox with the tools directory mounted read-only, and across a turn longer than its
 stream idle timeout (the adapter's keepalives)."""
 
-import asyncio
 import json
 import os
 import shutil
@@ -12,13 +11,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from scripted_upstream import ScriptedUpstream, logprob
+from sandboxed_session import TASK, run_in_bwrap
+from scripted_upstream import ScriptedUpstream, assert_one_exact_sample
+from test_harness import cli_install_source
 
 from agentrl.adapter.serve import AdapterServer
 from agentrl.adapter.service import Adapter, AdapterConfig
 from agentrl.harness import PROBLEM_FILE, HarnessRun, get_harness
 from agentrl.harness.codex import KEY_ENV, read_codex_json
-from agentrl.harness.install import CODEX_BIN, PINNED_CLIS, clis_ready
+from agentrl.harness.install import CODEX_BIN
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -28,7 +29,6 @@ else:
 pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
-TASK = "Replace the word bug in target.txt with fixed."
 
 
 def make_run(**kw) -> HarnessRun:
@@ -102,21 +102,11 @@ def test_a_failed_turn_and_a_cut_output():
     assert not read_codex_json(b"\xff{not json\n[1]\n").raw_ok
 
 
-def installed_codex() -> Path:
-    source = ROOT / ".agent-clis"
-    if not clis_ready(source):
-        problem = f"{source} does not hold the pinned CLIs {PINNED_CLIS}: run `make clis`"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the agent CLI tests: {problem}")
-        pytest.skip(problem)
-    return source
-
-
 @pytest.fixture(scope="module")
 def tools_dir(tmp_path_factory) -> Path:
     """A host tools directory filled by the harness's own install (copied from `make clis`), readable by
     the sandbox's agent user."""
-    installed_codex()
+    cli_install_source()
     tools = tmp_path_factory.mktemp("tools")
     tools.chmod(0o755)
     get_harness("codex").install(tools)
@@ -130,16 +120,6 @@ def shell_call(command: str) -> dict:
 
 
 FINAL = {"role": "assistant", "content": "Fixed: target.txt now says fixed."}
-
-
-def assert_one_exact_sample(result, sampled):
-    assert len(result["samples"]) == 1, result["stats"]
-    s = result["samples"][0]
-    response = s["tokens"][s["prompt_length"]:]
-    trained = [(t, lp) for t, m, lp in zip(response, s["loss_mask"], s["rollout_log_probs"], strict=True) if m]
-    assert s["trained_tokens"] == sum(map(len, sampled))
-    assert trained == [(t, logprob(i, t)) for ids in sampled for i, t in enumerate(ids)]
-    assert result["stats"]["drift"] == {"root": 1, "clean": len(sampled) - 1, "realign": 0, "fork": 0}
 
 
 def write_files(files: dict[str, bytes]) -> None:
@@ -223,37 +203,14 @@ def test_a_turn_longer_than_codex_idle_timeout_completes_with_keepalives(tiny_mo
 def test_codex_in_a_sandbox_with_the_tools_mounted_read_only(tiny_model, tools_dir, tmp_path):
     """As the pool runs it: the agent user (uid 1000) in bubblewrap, the host's /usr as the image, the tools
     directory read-only at /opt/agentrl/tools, the adapter through the sandbox's forwarded port."""
-    from hpc.sandbox.base import SandboxSpec
-    from hpc.sandbox.bwrap import BwrapSandbox
-
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    (repo / "target.txt").write_text("bug\n")
-    sock = str(tmp_path / "adapter.sock")
     steps = [shell_call(f"cat {PROBLEM_FILE} && echo fixed > target.txt && touch /opt/agentrl/tools/x; id -u"),
              FINAL]
-    with ScriptedUpstream(tiny_model, steps) as upstream:
-        adapter = Adapter(AdapterConfig(tokenizer=tiny_model, upstreams=[upstream.url], max_context=131072))
-        with AdapterServer(adapter, uds=sock):
-            key = adapter.sessions.open().key
-            cmd = get_harness("codex").command(HarnessRun(
-                task_text=TASK, prompt_style="instruction", workdir="/testbed", base_url="http://127.0.0.1:8000",
-                api_key=key, model="agentrl-tiny", max_new_tokens=3000, max_context=131072))
-
-            async def go():
-                spec = SandboxSpec(workdir_source=str(repo), ro_binds={str(tools_dir): "/opt/agentrl/tools"},
-                                   adapter_socket=sock)
-                async with BwrapSandbox(spec) as sb:
-                    for path, data in cmd.files.items():
-                        await sb.write_file(path, data, user="agent")
-                    r = await sb.exec(cmd.argv, user="agent", cwd="/testbed", env=cmd.env, timeout_s=300)
-                    return r, await sb.read_file("/testbed/target.txt")
-            proc, target = asyncio.run(asyncio.wait_for(go(), 360))
-            result = adapter.sessions.finish(key).to_json()
+    run = run_in_bwrap("codex", steps, tiny_model, tools_dir, tmp_path)
+    proc, target, result = run.proc, run.target, run.result
     assert proc.exit_code == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     assert target == b"fixed\n"
     outputs = [json.loads(line)["item"].get("aggregated_output", "") for line in proc.stdout.splitlines()
                if line.startswith(b'{"type":"item.completed"') and b"command_execution" in line]
     assert "Read-only file system" in outputs[0] and outputs[0].rstrip().endswith("1000")
     assert get_harness("codex").read_trajectory(proc.stdout, proc.stderr).final_text == FINAL["content"]
-    assert_one_exact_sample(result, [upstream.output_ids(s) for s in steps])
+    assert_one_exact_sample(result, run.sampled)

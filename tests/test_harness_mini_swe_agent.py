@@ -3,7 +3,6 @@ and its summary line, the install into a tools directory, and real mini-swe-agen
 the adapter with a scripted model: one exact sample per session, a format error as two samples that train
 every sampled token once, and a session in a bubblewrap sandbox on the bundled Python."""
 
-import asyncio
 import json
 import os
 import shutil
@@ -11,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from sandboxed_session import TASK, run_in_bwrap
 from scripted_upstream import ScriptedUpstream, logprob
 
 from agentrl.adapter.serve import AdapterServer
@@ -20,7 +20,6 @@ from agentrl.harness.mini_swe_agent import CHECKOUT_MINI, SUBMIT, VERSION, insta
 
 pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 
-TASK = "Replace the word bug in target.txt with fixed."
 HARNESS = {"toolcall": "mini_swe_agent", "text": "mini_swe_agent_text"}
 
 
@@ -202,37 +201,12 @@ def test_a_format_error_forks_into_two_samples_that_train_every_token_once(fmt, 
 def test_mini_swe_agent_in_a_sandbox_runs_on_its_bundled_python(tiny_model, tools_dir, tmp_path):
     """The pool's way: the agent user in bubblewrap, the tools directory read-only at /opt/agentrl/tools
     (another path than where it was built), the adapter through the sandbox's forwarded port."""
-    from hpc.sandbox.base import SandboxSpec
-    from hpc.sandbox.bwrap import BwrapSandbox
-
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    (repo / "target.txt").write_text("bug\n")
-    sock = str(tmp_path / "adapter.sock")
     probe = 'echo fixed > target.txt; echo "ld=${LD_LIBRARY_PATH:-unset}"; id -u'
     steps = [action("toolcall", probe), action("toolcall", f"echo {SUBMIT}")]
-    with ScriptedUpstream(tiny_model, steps) as upstream:
-        adapter = Adapter(AdapterConfig(tokenizer=tiny_model, upstreams=[upstream.url], max_context=131072))
-        with AdapterServer(adapter, uds=sock):
-            key = adapter.sessions.open().key
-            cmd = get_harness("mini_swe_agent").command(HarnessRun(
-                task_text=TASK, prompt_style="instruction", workdir="/testbed", base_url="http://127.0.0.1:8000",
-                api_key=key, model="agentrl-tiny", max_new_tokens=3000, max_context=131072))
-
-            async def go():
-                spec = SandboxSpec(workdir_source=str(repo), ro_binds={str(tools_dir): "/opt/agentrl/tools"},
-                                   adapter_socket=sock)
-                async with BwrapSandbox(spec) as sb:
-                    for path, data in cmd.files.items():
-                        await sb.write_file(path, data, user="agent")
-                    r = await sb.exec(cmd.argv, user="agent", cwd="/testbed", env=cmd.env, timeout_s=300)
-                    return r, await sb.read_file("/testbed/target.txt")
-            proc, target = asyncio.run(asyncio.wait_for(go(), 360))
-            result = adapter.sessions.finish(key).to_json()
-            prompts = [upstream.tokenizer.decode(r["input_ids"]) for r in upstream.requests]
+    run = run_in_bwrap("mini_swe_agent", steps, tiny_model, tools_dir, tmp_path)
+    proc, target, result, prompts = run.proc, run.target, run.result, run.prompts
     assert proc.exit_code == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     assert target == b"fixed\n"
     assert "ld=unset" in prompts[1] and "1000" in prompts[1]   # the agent's commands never see our libraries
     assert get_harness("mini_swe_agent").read_trajectory(proc.stdout, proc.stderr).exit_reason == "Submitted"
-    assert len(result["samples"]) == 1 and trained(result["samples"][0]) == sampled(
-        [upstream.output_ids(s) for s in steps])
+    assert len(result["samples"]) == 1 and trained(result["samples"][0]) == sampled(run.sampled)

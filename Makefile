@@ -13,7 +13,8 @@ test: sysdeps venv cluster-up clis
 	$(BIN)/pytest --durations=25 $(PYTEST_ARGS)
 
 # The whole loop on this machine (configs/tiny-local.yaml): CPU inference with a tiny model, bubblewrap
-# sandboxes, the builtin agent, the bundled tasks, the torch trainer; then each checkpoint's eval and the report.
+# sandboxes, the builtin agent, the bundled tasks, the torch trainer; then each checkpoint's eval, the report, and
+# the trajectory viewer's site (it prints how to open it: a file:// address, or --serve for an ssh tunnel).
 DEMO_RUN ?= runs/demo
 demo: sysdeps venv
 	@test ! -e $(DEMO_RUN) || { echo "$(DEMO_RUN) exists: remove it, or run make demo DEMO_RUN=runs/another"; exit 1; }
@@ -23,6 +24,7 @@ demo: sysdeps venv
 	$(BIN)/agentrl launch configs/tiny-local.yaml --executor local --run-dir $(DEMO_RUN)
 	$(BIN)/agentrl eval --watch $(DEMO_RUN) --until-done
 	$(BIN)/agentrl report $(DEMO_RUN)
+	$(BIN)/agentrl view $(DEMO_RUN)
 
 # Does it learn? Tasks, a scripted teacher, the warm start, then GRPO and a control run (rewards shuffled)
 # through the whole loop, each checkpoint scored on held-out tasks (benchmarks/learning_bench.py,

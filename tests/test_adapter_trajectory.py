@@ -5,7 +5,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from agentrl.adapter.trajectory import Chain, Drift, TrajectoryTree, Turn
+from agentrl.adapter.trajectory import Chain, Drift, TrajectoryTree, Turn, TurnSpan
 
 SYSTEM = [1, 2, 3]
 
@@ -196,6 +196,27 @@ def test_sample_metadata_describes_the_turns_it_trains():
     first, second = tree.samples()
     assert (first.ill_formed_turns, first.weight_versions, first.truncated) == (1, (3, 5), True)
     assert (second.ill_formed_turns, second.weight_versions, second.truncated) == (0, None, False)
+
+
+def test_spans_say_where_each_turn_of_a_chain_is_and_how_it_mounted():
+    """What agentrl view shows of drift: a realign's cut, a fork's new sample, a branch's shared trunk."""
+    a, b, c = chain(3)
+    c = turn([*b.prompt_ids.tolist(), 1010, 1011, 7777, 600], [1020, 1021])     # realigns b (kept 2 of 4)
+    d = turn([*b.prompt_ids.tolist(), 1010, 1011, 7777, 601], [1030])          # a second child of b: a branch
+    e = turn([*SYSTEM, 900], [5000], weight_version=7)                          # continues nothing: a fork
+    tree, drifts = build([a, b, c, d, e])
+    assert drifts == [Drift.ROOT, Drift.CLEAN, Drift.REALIGN, Drift.CLEAN, Drift.FORK]
+    main, branch, fork = tree.samples()
+    start = len(a.prompt_ids)
+    assert main.spans == (
+        TurnSpan(0, 4, 4, "root", True, 0),
+        TurnSpan(len(b.prompt_ids) - start, 4, 2, "clean", True, 1),
+        TurnSpan(len(c.prompt_ids) - start, 2, 2, "realign", True, None))
+    assert [(s.drift, s.trained) for s in branch.spans] == [("root", False), ("clean", False), ("clean", True)]
+    assert fork.spans == (TurnSpan(0, 1, 1, "fork", True, 7),)
+    for sample in (main, branch, fork):     # a trained span's kept tokens are exactly the sample's mask-1 tokens
+        marked = [i for i, m in enumerate(sample.loss_mask) if m]
+        assert marked == [s.start + j for s in sample.spans if s.trained for j in range(s.kept)]
 
 
 def test_hundreds_of_clean_turns_over_100k_tokens_add_quickly():

@@ -63,8 +63,9 @@ def test_demo_with_the_local_executor(demo_config, tmp_path):
                         "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:] + "".join(p.read_text()[-2000:] for p in (run_dir / "logs").glob("*"))
     check_run(run_dir)
-    # what make demo does next: score every checkpoint, then the report
-    for cmd in (["eval", "--watch", str(run_dir), "--until-done"], ["report", str(run_dir)]):
+    # what make demo does next: score every checkpoint, the report, then the viewer's site
+    for cmd in (["eval", "--watch", str(run_dir), "--until-done"], ["report", str(run_dir)],
+                ["view", str(run_dir), "--quiet"]):
         r = subprocess.run([sys.executable, "-m", "agentrl.cli", *cmd], capture_output=True, text=True, timeout=600,
                            cwd=ROOT)
         assert r.returncode == 0, r.stderr[-3000:]
@@ -75,6 +76,12 @@ def test_demo_with_the_local_executor(demo_config, tmp_path):
     pngs = sorted(p.name for p in run_dir.glob("*.png"))
     assert "eval.png" in pngs and "reward.png" in pngs and all(f"({name})" in report for name in pngs)
     assert "| iter_3" in report or "iter_3" in report
+    view = run_dir / "view"
+    index = (view / "index.html").read_text()
+    assert all(f'href="rollout_{r}/index.html"' in index for r in range(3))
+    assert all(f'href="eval_{n}/index.html"' in index for n in (1, 2, 3))
+    assert len(list(view.glob("rollout_*/*-*.html"))) == 24 and len(list(view.glob("eval_*/*-*.html"))) == 48
+    assert len(list((run_dir / "trajectories").rglob("*.json"))) >= 24      # a trace per committed attempt
 
 
 @pytest.mark.slurm

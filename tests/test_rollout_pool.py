@@ -17,12 +17,14 @@ from scripted_upstream import ScriptedUpstream, logprob
 from agentrl.prompts.groups import open_rollout
 from agentrl.prompts.source import PromptSource, load_prompt_rows
 from agentrl.rollout.config import load_pool_config
+from agentrl.rollout.trace import AttemptTrace, trace_path
 from agentrl.rollout.worker import SPANS, PoolWorker
 from agentrl.sample import SAMPLE_CODEC
 from agentrl.swe.harbor import BUNDLED_TASKS
 from agentrl.train.config import load_train_config
 from hpc.buffer import read_rollout
 from hpc.ledger import Claim, Ledger
+from hpc.records import read_record
 from hpc.registry import Registry
 from hpc.runlayout import RunLayout
 
@@ -96,6 +98,14 @@ def test_a_pool_worker_runs_attempts_end_to_end(run, tiny_model):
                    if m]
         assert trained == [(t, pytest.approx(logprob(i, t))) for ids in sampled for i, t in enumerate(ids)]
     assert not Registry(run.services_dir).services("pool")          # deregistered at the end
+    # Each committed attempt's trace (agentrl view reads it): the patch, the grade, the turns of its sample
+    for (g, a), commit in ledger.commits(0).items():
+        claim = Claim(0, g, a, ledger.current_generation(0), commit.try_index)
+        trace = read_record(trace_path(run.trajectories_dir, claim), AttemptTrace)
+        assert trace.task == "roman-subtractive" and "roman/convert.py" in trace.patch.text
+        assert trace.grade is not None and trace.grade.reward == 1.0 and trace.agent is not None
+        assert trace.agent.exit_code == 0 and trace.agent.final_text == DONE["content"]
+        assert [[(t.drift, t.trained) for t in chain] for chain in trace.chains] == [[("root", True), ("clean", True)]]
 
     # Every attempt's spans, each once, in the order the worker goes through them
     by_attempt: dict[int, dict[str, tuple[float, float]]] = {}
@@ -164,13 +174,22 @@ def test_a_shard_the_filesystem_refuses_fails_the_claim_named_and_not_the_worker
         failed.append((claim, reason))
     worker = SimpleNamespace(task_for=lambda claim: None, groups_of=lambda claim: SimpleNamespace(temperature=1.0),
                              cfg=SimpleNamespace(sampling=lambda temperature: {}), on_span=None, counts=Counter(),
-                             run=SimpleNamespace(buffer_dir=tmp_path / "buffer"), _fail=fail,
-                             ledger=SimpleNamespace(commit=lambda claim, ref: committed.append(ref)))
+                             run=SimpleNamespace(buffer_dir=tmp_path / "buffer", trajectories_dir=tmp_path / "traces"),
+                             _fail=fail, ledger=SimpleNamespace(commit=lambda claim, ref: committed.append(ref)))
     claim = Claim(rollout_id=0, group=3, attempt=1, generation=0)
     asyncio.run(PoolWorker._attempt(worker, None, claim))
     assert worker.counts["io_errors"] == 1 and not worker.counts["committed"] and committed == []
     (got, reason), = failed
     assert got == claim and reason.startswith("io: ") and "buffer" in reason
+
+    # A trace the filesystem refuses is only logged: training never reads it, so the attempt commits
+    assert len(list((tmp_path / "traces").rglob("3-1-0.json"))) == 1      # written before the shard failed
+    (tmp_path / "buffer").unlink()
+    shutil.rmtree(tmp_path / "traces")
+    (tmp_path / "traces").write_text("a file where the traces should go")
+    failed.clear()
+    asyncio.run(PoolWorker._attempt(worker, None, claim))
+    assert committed == ["rollout_0/g0/3-1-0.msgpack"] and not failed and worker.counts["io_errors"] == 1
 
 
 def test_the_pool_samples_at_the_temperature_the_trainer_computes_log_probs_at(run, tmp_path):

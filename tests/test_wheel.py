@@ -3,9 +3,9 @@
 The wheel is built from the files git would commit (tracked, plus untracked ones that are not ignored),
 installed with its dependencies into a fresh venv in a temporary directory, and run from another
 temporary directory without PYTHONPATH: the CLI, `tasks check` of a bundled task in real bwrap
-sandboxes, the tiny model's tokenizer with its chat template, the harness pins and files, and
-`agentrl cluster status|env`. Nothing of the checkout is on any path, so a file that only the
-checkout has fails here.
+sandboxes, the tiny model's tokenizer with its chat template, the harness pins and files,
+`agentrl cluster status|env` and `agentrl view` (its templates). Nothing of the checkout is on any path,
+so a file that only the checkout has fails here.
 """
 
 from __future__ import annotations
@@ -127,6 +127,19 @@ def test_tasks_check_of_a_bundled_task_passes_the_oracle_and_fails_the_noop(inst
     (row,) = json.loads(r.stdout.strip().splitlines()[-1])["tasks"]
     assert (row["instance_id"], row["oracle_reward"], row["noop_reward"], row["problem"]) == \
         ("roman-subtractive", 1.0, 0.0, "")
+
+
+def test_the_viewer_renders_its_pages_from_the_packaged_templates(installed):
+    run_dir = installed.cwd / "view-run"
+    installed.python_c("""
+        import sys
+        from hpc.runlayout import RunLayout
+        RunLayout.create(sys.argv[1], run_id="wheel-view")
+    """, run_dir)
+    r = installed.agentrl("view", run_dir, "--quiet")
+    assert r.returncode == 0, r.stderr
+    index = (run_dir / "view" / "index.html").read_text()
+    assert "wheel-view" in index and (run_dir / "view" / "view.css").is_file()
 
 
 def test_the_tiny_tokenizer_is_built_and_reloaded_with_the_packaged_chat_template(installed):

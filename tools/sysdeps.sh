@@ -13,6 +13,7 @@ declare -A pkg=(
   [shellcheck]=shellcheck
   [buildah]=buildah [skopeo]=skopeo [docker-registry]=docker-registry [ch-image]=charliecloud-builders
   [ch-run]=charliecloud-runtime      # ch-image's import and RUN steps run ch-run
+  [chromium]=chromium [chromedriver]=chromium-driver   # the viewer's browser tests (headless)
 )
 missing=()
 for cmd in "${!pkg[@]}"; do command -v "$cmd" >/dev/null || missing+=("$cmd"); done
@@ -49,5 +50,6 @@ sysdeps: missing system tools: ${missing[*]}
     - buildah and skopeo (building tasks' Dockerfiles, pulling images): packaged by Debian 12 and
       RHEL 8+; or Apptainer (\`module load apptainer\`), or charliecloud (unprivileged, with its
       limits: docs/sandbox.md). docker-registry is only for the tests (a loopback registry).
+    - chromium and chromedriver are only for the browser tests of \`agentrl view\` (tests/test_view_browser.py).
 MSG
 exit 1

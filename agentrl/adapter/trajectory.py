@@ -81,6 +81,23 @@ class Drift(enum.Enum):
 
 
 @dataclass(frozen=True)
+class TurnSpan:
+    """Where one turn of a chain sits in its sample's response (offsets into tokens[prompt_length:]).
+
+    Its output is response[start:start + generated]; the first `kept` of those stay the model's. Past
+    them (kept < generated: a later turn REALIGNed it) the next turn's prompt re-rendered the text,
+    so those positions hold prompt tokens, not the ones the model sampled.
+    """
+
+    start: int
+    generated: int
+    kept: int
+    drift: str                  # how the turn mounted (Drift values): a chain's first is root or fork
+    trained: bool               # its kept tokens are trained in this sample (not in an earlier chain)
+    weight_version: int | None
+
+
+@dataclass(frozen=True)
 class Chain:
     """One chain's token sequence. loss_mask and rollout_log_probs cover the response only.
 
@@ -99,6 +116,7 @@ class Chain:
     finish_reason: str                           # the leaf's
     ill_formed_turns: int
     metas: tuple[Mapping, ...]                   # the chain's turns', root first
+    spans: tuple[TurnSpan, ...] = ()             # the chain's turns, root first: where each is in the response
 
     @property
     def response_length(self) -> int:
@@ -146,6 +164,7 @@ class _Node:
     ill_formed: bool
     weight_version: int | None
     meta: Mapping
+    drift: Drift
     children: list[_Node] = field(default_factory=list)
 
     @property
@@ -208,7 +227,7 @@ class TrajectoryTree:
         # Not the turn itself: that would keep its whole prompt alive, where the tail suffices.
         node = _Node(len(self._nodes), parent, start, haystack[start * _ITEM:], len(prompt_ids),
                      output_ids, _frozen(turn.output_logprobs, np.float64), len(output_ids), output_ids.tobytes(),
-                     turn.finish_reason, turn.ill_formed, turn.weight_version, turn.meta)
+                     turn.finish_reason, turn.ill_formed, turn.weight_version, turn.meta, drift)
         if parent is None:
             self._roots.append(node)
         else:
@@ -290,6 +309,7 @@ def _sample(chain: list[_Node], own: list[_Node]) -> Chain:
         mask[trained] = 1
         logprobs[trained] = node.output_logprobs[:node.kept]
     start = chain[0].prompt_length
+    owned = {node.index for node in own}
     trained_versions = [node.weight_version for node in own if node.weight_version is not None]
     return Chain(
         tokens=tokens.tolist(),
@@ -303,4 +323,6 @@ def _sample(chain: list[_Node], own: list[_Node]) -> Chain:
         finish_reason=leaf.finish_reason,
         ill_formed_turns=sum(node.ill_formed for node in own),
         metas=tuple(node.meta for node in chain),
+        spans=tuple(TurnSpan(node.prompt_length - start, len(node.output_ids), node.kept, node.drift.value,
+                             node.index in owned, node.weight_version) for node in chain),
     )

@@ -8,6 +8,8 @@
                                    and seed give the same file
     eval/iter_<n>/summary.json     pass@1, pass@k, empty patches, infra failures, timings, the config;
                                    written last: an iteration with it is scored
+    eval/iter_<n>/trajectories/<g>-<a>-<try>.json  the attempt's trace: patch, grader's output, the
+                                   agent's exit (agentrl.rollout.trace; `agentrl view` reads it)
     eval/iter_<n>/samples/         with save_samples: each committed attempt's samples as a buffer
                                    shard, for `agentrl sft` (the teacher's demonstrations, say)
 
@@ -42,6 +44,7 @@ from ..adapter.service import Adapter, AdapterConfig
 from ..harness import get_harness
 from ..rollout.attempt import InfraError, PoolContext, run_attempt
 from ..rollout.metrics import pass_at_k
+from ..rollout.trace import trace_path, write_trace
 from ..sample import SAMPLE_CODEC
 from ..swe.loaded import LoadedTask
 from .config import EvalConfig
@@ -162,6 +165,8 @@ class CheckpointEval:
                   "turns": md.turns, "tool_calls": md.tool_calls, "timings": outcome.timings}
         ref = f"attempts/{claim.group}-{claim.attempt}-{claim.try_index}.json"
         await asyncio.to_thread(write_new, self.out / ref, json.dumps(result).encode())
+        await asyncio.to_thread(write_trace, trace_path(self.out / "trajectories", claim, per_rollout=False), claim,
+                                outcome)
         shard = None
         if self.cfg.save_samples:
             shard = self.out / "samples" / await asyncio.to_thread(write_shard, self.out / "samples", claim,

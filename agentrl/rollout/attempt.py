@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from hpc.images.cache import ImageCache
-from hpc.sandbox.base import SandboxError
+from hpc.sandbox.base import ExecResult, SandboxError
 from hpc.sandbox.cgroups import unenforced_message
 
 from ..adapter.service import Adapter
+from ..adapter.trajectory import TurnSpan
 from ..harness import get_harness
-from ..harness.base import HarnessRun
+from ..harness.base import HarnessRun, Trajectory
 from ..harness.empty_patch import classify_empty_patch, decide
 from ..harness.prompts import PROBLEM_FILE
 from ..sample import AttemptMetadata, Sample
@@ -76,6 +77,13 @@ class AttemptOutcome:
     reward: float
     metadata: AttemptMetadata
     timings: dict[str, float] = field(default_factory=dict)     # the phases' lengths, unrounded
+    # For its trace (agentrl.rollout.trace), not for training: the patch, the grade, the agent's process
+    # and what the harness read from it, and each sample's turns (TurnSpan), in the samples' order.
+    patch: bytes = b""
+    grade: episode.Grade | None = None
+    agent: ExecResult | None = None
+    trajectory: Trajectory | None = None
+    spans: list[tuple[TurnSpan, ...]] = field(default_factory=list)
 
 
 async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt: int,
@@ -159,7 +167,8 @@ async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt
             agent_s=round(timings["agent_s"], 3), grade_s=round(timings["grade_s"], 3))
         samples = [chain.to_sample(reward=grade.reward, group_index=group, attempt=attempt, metadata=metadata)
                    for chain in finished.chains]
-        return AttemptOutcome(samples, grade.reward, metadata, timings)
+        return AttemptOutcome(samples, grade.reward, metadata, timings, patch=diff, grade=grade, agent=run,
+                              trajectory=trajectory, spans=[chain.spans for chain in finished.chains])
     finally:
         if key is not None:
             ctx.adapter.sessions.drop(key)

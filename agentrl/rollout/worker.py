@@ -54,6 +54,7 @@ from ..swe.loaded import LoadedTask, load_record
 from ..swe.task import TaskSpecError
 from .attempt import ATTEMPT_SPANS, InfraError, PoolContext, SpanSink, no_span, run_attempt
 from .config import PoolConfig
+from .trace import trace_path, write_trace
 
 log = logging.getLogger("agentrl.pool")
 REGISTRY_BEAT_S = 5.0          # the registry counts a service alive for 30 s after its last beat
@@ -183,6 +184,7 @@ class PoolWorker:
             await self._fail(claim, f"error: {e!r}")
             return
         span("attempt", started, time.monotonic())
+        await asyncio.to_thread(write_trace, trace_path(self.run.trajectories_dir, claim), claim, outcome)
         try:
             ref = await asyncio.to_thread(_timed, span, "shard", write_shard, self.run.buffer_dir, claim,
                                           outcome.samples, SAMPLE_CODEC)

@@ -64,8 +64,8 @@ def _floor_worker(d: str, i: int, n: int, barrier, out) -> None:
     out.put((t0, time.perf_counter(), lat))
 
 
-def _ledger_worker(d: str, i: int, n: int, barrier, out) -> None:
-    led = Ledger(d, seed=i)
+def _ledger_worker(d: str, i: int, n: int, barrier, out, design: type[Ledger]) -> None:
+    led = design(d, seed=i)
     lat = []
     barrier.wait()
     t0 = time.perf_counter()
@@ -79,10 +79,10 @@ def _ledger_worker(d: str, i: int, n: int, barrier, out) -> None:
     out.put((t0, time.perf_counter(), lat))
 
 
-def _run(target, d: str, procs: int, per_proc: int) -> tuple[float, list[float]]:
+def _run(target, d: str, procs: int, per_proc: int, *extra) -> tuple[float, list[float]]:
     ctx = mp.get_context("fork")
     barrier, out = ctx.Barrier(procs), ctx.Queue()
-    ps = [ctx.Process(target=target, args=(d, i, per_proc, barrier, out)) for i in range(procs)]
+    ps = [ctx.Process(target=target, args=(d, i, per_proc, barrier, out, *extra)) for i in range(procs)]
     for p in ps:
         p.start()
     results = [out.get() for _ in ps]
@@ -97,20 +97,25 @@ def _ms(xs: list[float], q: float) -> float:
 
 
 def measure(base: Path, procs: int, pairs: int) -> dict:
+    """The floor, then the claim before issue 17 (`Before`), then today's, each with `procs` processes on
+    a rollout of `pairs` attempts."""
     per_proc = max(1, pairs // procs)
-    total = per_proc * procs
     floor_dir = Path(tempfile.mkdtemp(prefix="floor-", dir=base))
     floor_wall, floor_lat = _run(_floor_worker, str(floor_dir), procs, per_proc)
-    led_dir = Path(tempfile.mkdtemp(prefix="ledger-", dir=base))
+    floor_s = per_proc * procs / floor_wall
+    row: dict = {"procs": procs, "floor_ops_per_s": round(floor_s, 1),
+                 "floor_op_p50_ms": round(_ms(floor_lat, 0.50), 3), "floor_op_p99_ms": round(_ms(floor_lat, 0.99), 3)}
     attempts = 8
-    Ledger(led_dir).open_rollout(0, list(range((total + attempts - 1) // attempts)), attempts)
-    total = ((total + attempts - 1) // attempts) * attempts
-    wall, lat = _run(_ledger_worker, str(led_dir), procs, per_proc)
-    pairs_s, floor_s = total / wall, per_proc * procs / floor_wall
-    return {"procs": procs, "pairs": total, "pairs_per_s": round(pairs_s, 1),
-            "claim_p50_ms": round(_ms(lat, 0.50), 3), "claim_p99_ms": round(_ms(lat, 0.99), 3),
-            "floor_ops_per_s": round(floor_s, 1), "ratio_to_floor": round(pairs_s / floor_s, 3),
-            "floor_op_p50_ms": round(_ms(floor_lat, 0.50), 3), "floor_op_p99_ms": round(_ms(floor_lat, 0.99), 3)}
+    groups = -(-per_proc * procs // attempts)
+    for name, design in (("before", Before), ("after", Ledger)):
+        led_dir = Path(tempfile.mkdtemp(prefix=f"ledger-{name}-", dir=base))
+        Ledger(led_dir).open_rollout(0, list(range(groups)), attempts)
+        wall, lat = _run(_ledger_worker, str(led_dir), procs, per_proc, design)
+        pairs_s = groups * attempts / wall
+        row[name] = {"pairs": groups * attempts, "pairs_per_s": round(pairs_s, 1),
+                     "ratio_to_floor": round(pairs_s / floor_s, 3),
+                     "claim_p50_ms": round(_ms(lat, 0.50), 3), "claim_p99_ms": round(_ms(lat, 0.99), 3)}
+    return row
 
 
 class Before(Ledger):
@@ -234,16 +239,18 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="ledger-bench-", dir=args.dir) as base:
         rows = []
-        print(f"{'procs':>5} {'ledger pairs/s':>15} {'floor ops/s':>12} {'ratio':>6} "
-              f"{'claim p50 ms':>13} {'claim p99 ms':>13} {'floor p99 ms':>13}")
+        print("claim+commit pairs per second and claim latency, before issue 17 (bef6541's listing) and after,\n"
+              "beside the filesystem's floor (temp write + fsync + rename), the same number of processes")
+        print(f"{'procs':>5} {'floor ops/s':>12} {'floor p99':>10} {'before/s':>9} {'p99 ms':>7} "
+              f"{'after/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'p99 after/before':>17}")
         for n in procs:
             r = measure(Path(base), n, args.pairs)
             rows.append(r)
-            print(f"{r['procs']:>5} {r['pairs_per_s']:>15.0f} {r['floor_ops_per_s']:>12.0f} "
-                  f"{r['ratio_to_floor']:>6.2f} {r['claim_p50_ms']:>13.2f} {r['claim_p99_ms']:>13.2f} "
-                  f"{r['floor_op_p99_ms']:>13.2f}",
+            b, a = r["before"], r["after"]
+            print(f"{n:>5} {r['floor_ops_per_s']:>12.0f} {r['floor_op_p99_ms']:>10.2f} {b['pairs_per_s']:>9.0f} "
+                  f"{b['claim_p99_ms']:>7.2f} {a['pairs_per_s']:>8.0f} {a['claim_p50_ms']:>7.2f} "
+                  f"{a['claim_p99_ms']:>7.2f} {a['claim_p99_ms'] / max(b['claim_p99_ms'], 1e-3):>16.2f}x",
                   flush=True)
-        print("floor: one process loop of temp write + fsync + rename per op, same process count, same filesystem")
         print(f"targets: >= {TARGET_PAIRS_PER_S} pairs/s at 32 processes, p99 claim <= {TARGET_P99_MS} ms")
         scale = []
         if outstanding:

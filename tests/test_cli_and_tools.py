@@ -48,8 +48,11 @@ def test_benchmark_prints_its_figures_as_json_last(tmp_path):
     figures = json.loads(r.stdout.strip().splitlines()[-1])
     assert [row["procs"] for row in figures["results"]] == [1, 2]
     for row in figures["results"]:
-        assert row["pairs"] >= 64 and row["pairs_per_s"] > 0 and row["floor_ops_per_s"] > 0
-        assert row["ratio_to_floor"] == pytest.approx(row["pairs_per_s"] / row["floor_ops_per_s"], rel=0.01)
+        assert row["floor_ops_per_s"] > 0 and row["floor_op_p99_ms"] >= row["floor_op_p50_ms"] > 0
+        for design in ("before", "after"):     # the claim before issue 17 beside today's, in the same run
+            m = row[design]
+            assert m["pairs"] >= 64 and m["pairs_per_s"] > 0 and m["claim_p99_ms"] >= m["claim_p50_ms"] > 0
+            assert m["ratio_to_floor"] == pytest.approx(m["pairs_per_s"] / row["floor_ops_per_s"], rel=0.01)
     # Others hold half of the attempts; before and after, 16 workers claim 4 each of the rest, and then 50
     # workers 2 each, until none is left unclaimed.
     assert [(row["outstanding"], row["before"]["pairs"], row["after"]["pairs"], row["after_many"]["pairs"])

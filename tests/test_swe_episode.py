@@ -135,3 +135,42 @@ def test_grading_a_task_whose_config_json_holds_100000_test_names(tmp_path):
             return await episode.grade(sb, loaded.spec, loaded.tests)
     g = run(go())
     assert g.reward == 1.0, g.output[-2000:]
+
+
+def test_bytecode_never_travels_in_a_patch_nor_survives_a_restore(roman, tmp_path):
+    # The task ships a pyc (in the baseline); the agent rewrites it as an unchecked-hash pyc (PEP 552: never
+    # compared with its source), plants others, a __pycache__ of other files and a __pycache__ symlink to /tmp,
+    # and changes a source file and binary files. Bytecode is code the grader would run that the patch's
+    # sources do not show: none of it reaches either grading, while every other change does.
+    repo = tmp_path / "repo"
+    shutil.copytree(BUNDLED_TASKS / "roman-subtractive/environment/repo", repo)
+    (repo / "roman/__pycache__").mkdir()
+    shipped = b"\x00shipped pyc"
+    (repo / "roman/__pycache__/convert.cpython-311.pyc").write_bytes(shipped)
+    (repo / "blob.bin").write_bytes(b"\x00\x01old")
+    agent = ("python3 -c 'import py_compile as p; p.compile(\"roman/convert.py\", cfile=\"roman/__pycache__/"
+             "convert.cpython-311.pyc\", invalidation_mode=p.PycInvalidationMode.UNCHECKED_HASH)' && "
+             "printf '\\x00pyc' > stray.pyc && printf '\\x00pyo' > roman/old.pyo && "
+             "mkdir -p __pycache__ /tmp/elsewhere && echo x > __pycache__/notes.txt && "
+             "ln -s /tmp/elsewhere tests/__pycache__ && printf '\\x00\\x01new' > blob.bin && "
+             "printf '\\x00\\x02' > data.bin && echo '# changed' >> roman/convert.py")
+
+    async def go():
+        async with BwrapSandbox(SandboxSpec(workdir_source=str(repo))) as sb:
+            await episode.baseline(sb, roman.spec, restorable=True)
+            r = await episode.run_agent(sb, roman.spec, ["bash", "-c", agent])
+            assert r.exit_code == 0, r.stderr
+            w = roman.spec.workdir
+            planted = (await sb.read_file(f"{w}/roman/__pycache__/convert.cpython-311.pyc"))[4:8]
+            diff = await episode.patch(sb, roman.spec)
+            await episode.restore(sb, roman.spec, diff)
+            left = (await sb.exec(["find", ".", "-name", "*.py[co]", "-o", "-name", "__pycache__"], cwd=w)).stdout
+            return (planted, diff, left, await sb.read_file(f"{w}/roman/__pycache__/convert.cpython-311.pyc"),
+                    await sb.read_file(f"{w}/data.bin"))
+    planted, diff, left, pyc, data = run(go())
+    assert planted == b"\x01\x00\x00\x00"          # the agent's pyc was an unchecked-hash one
+    assert b"# changed" in diff and b"GIT binary patch" in diff and b"blob.bin" in diff and b"data.bin" in diff
+    assert b"__pycache__" not in diff and b".pyc" not in diff and b".pyo" not in diff
+    # Same-sandbox grading's restore: what the agent added is gone, the shipped pyc is the task's again.
+    assert sorted(left.split()) == [b"./roman/__pycache__", b"./roman/__pycache__/convert.cpython-311.pyc"]
+    assert (pyc, data) == (shipped, b"\x00\x02")

@@ -42,8 +42,9 @@ exit "$rc"
 # The hacks an exit-code grader falls for (measured); tests-deleted, tests-emptied and git-hook do not
 # fool it either: they guard graders that run only the repository's tests, or run git.
 # What an exit-code test.sh lets through even in our sandbox. The sandbox itself stops the rest
-# (hpc.sandbox, agentrl.swe.episode): the daemon is killed before the patch is taken, and a
-# verifier the code under test SIGKILLed after writing reward.txt earns 0.
+# (hpc.sandbox, agentrl.swe.episode): the daemon is killed before the patch is taken, a
+# verifier the code under test SIGKILLed after writing reward.txt earns 0, and no bytecode
+# (stale-bytecode) travels in a patch.
 FOOL_EXIT_CODE_GRADER = {
     (h, m): 1.0 for h in ("exit0-as-root", "exit0-at-import", "startup-exit0", "tests-forced-pass",
                           "tests-forced-skip", "tests-uncollected", "reward-json-write")
@@ -229,6 +230,27 @@ def test_a_background_daemon_does_not_fool_same_sandbox_grading():
 @needs_bwrap
 def test_a_git_hook_does_not_fool_same_sandbox_grading():
     assert _same_sandbox("git-hook") == [0.0, 0.0]
+
+
+@needs_bwrap
+def test_stale_bytecode_earns_nothing_in_either_mode_and_only_the_patchs_guard_stops_it(monkeypatch):
+    # Unchecked-hash pycs (PEP 552) of the sources and tests, the .py files untouched: the bundled grader replaces
+    # tests/ (the tests' pycs go with it) but imports the package, whose pyc makes unittest report success.
+    from agentrl.swe import episode, hacks
+    from agentrl.swe.loaded import load_tasks
+
+    tasks = load_tasks([str(BUNDLED_TASKS / "roman-subtractive"), str(BUNDLED_TASKS / "csv-quote-escaping")])
+
+    def rewards() -> list[tuple[str, str, float | None]]:
+        rows = asyncio.run(asyncio.wait_for(hacks.check_hacks(tasks, [hacks.BY_NAME["stale-bytecode"]]), 300))
+        assert [r.note for r in rows if r.note] == []
+        return [(r.instance_id, r.grading, r.reward) for r in rows]
+    modes = [(t.spec.instance_id, m) for t in tasks for m in ("isolated", "same")]
+    assert hacks.BY_NAME["stale-bytecode"].default
+    assert rewards() == [(*k, 0.0) for k in modes]
+    # Not a dud: with bytecode let into the patch, it fools both modes.
+    monkeypatch.setattr(episode, "BYTECODE", ())
+    assert rewards() == [(*k, 1.0) for k in modes]
 
 
 @needs_bwrap

@@ -34,6 +34,16 @@ _GIT = ["git", f"--git-dir={BASELINE_GIT}", "-c", "user.name=agentrl", "-c", "us
         "-c", "core.fileMode=true", "-c", "safe.directory=*"]
 
 
+# Never part of a patch. Python runs an unchecked-hash pyc (PEP 552) without looking at its source,
+# and a timestamp pyc whenever the source's recorded mtime and size still match: bytecode the agent
+# leaves is code the grader runs but the patch's sources do not show (a neutered copy of a test file
+# the verifier later restores, a module that makes unittest report success). Left out here, it never
+# reaches isolated grading; same-sandbox grading's restore removes what the agent added and checks out
+# what it changed, tracked pycs included. `__pycache__` on its own also catches a symlink so named.
+# Bytecode a task ships stays as the task has it.
+BYTECODE = ("**/__pycache__", "**/__pycache__/**", "**/*.py[co]")
+
+
 @dataclass(frozen=True)
 class Grade:
     reward: float
@@ -88,14 +98,15 @@ async def run_agent(sb: Sandbox, spec: TaskSpec, command: Sequence[str] | str,
 
 
 async def patch(sb: Sandbox, spec: TaskSpec) -> bytes:
-    """The agent's change against the baseline: `git diff --binary`, untracked files included.
+    """The agent's change against the baseline: `git diff --binary`, untracked files included,
+    bytecode (`BYTECODE`) and the task's `files_to_exclude_from_patch` left out.
 
     First every process of the sandbox but its init is killed: a daemon the agent left behind
     (setsid, nohup, a double fork) would otherwise go on editing files while they are graded.
     """
     await sb.kill_processes()
     w = spec.workdir
-    excludes = [f":(exclude,glob){p}" for p in spec.files_to_exclude_from_patch]
+    excludes = [f":(exclude,glob){p}" for p in (*spec.files_to_exclude_from_patch, *BYTECODE)]
     # A throwaway index: staging everything must not touch the baseline's own index.
     env = {"GIT_INDEX_FILE": "/var/lib/agentrl/patch.index"}
     await _check(sb, [*_git(w, "read-tree", "HEAD")], "git read-tree", user="root", cwd=w, env=env)

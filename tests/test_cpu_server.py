@@ -272,6 +272,27 @@ def test_pause_with_abort_ends_requests_in_flight(server):
     assert httpx.post(f"{server.url}/flush_cache").status_code == 200
 
 
+def test_pause_with_abort_answers_once_no_request_is_left_in_flight(engine, server):
+    """As SGLang's (its tokenizer manager aborts until no request holds the model-update lock): publishing
+    weights flushes the cache right after, and a flush with a request still running fails. Found by the
+    learning benchmark with rollouts ahead of training, where requests keep coming during a publish."""
+    thread, result = in_background(generate, server.url, max_new_tokens=400, sampling_seed=5)
+    wait_until_busy(server.url)
+    pause = None
+    try:
+        with engine._model_lock:       # the request is mid-token: it sees the abort only after this token
+            pause, paused = in_background(httpx.post, f"{server.url}/pause_generation", json={}, timeout=30)
+            pause.join(0.5)
+            assert pause.is_alive(), "the pause answered while a request was in flight"
+        pause.join(30)
+        assert paused["value"].status_code == 200
+        assert httpx.post(f"{server.url}/flush_cache").status_code == 200
+        thread.join(30)
+        assert result["value"]["meta_info"]["finish_reason"]["type"] == "abort"
+    finally:
+        httpx.post(f"{server.url}/continue_generation")
+
+
 def perturbed_copy(model_dir, out_dir, scale=0.05):
     from transformers import AutoModelForCausalLM
 

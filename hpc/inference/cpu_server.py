@@ -20,7 +20,9 @@ managers/tokenizer_manager.py):
 - `POST /pause_generation` {mode: "abort" (SGLang's default) | "in_place" | "retract"} ->
   {"message": "Generation paused successfully.", "status": "ok"}. New requests wait for
   `POST /continue_generation`. "abort" ends the requests in flight at once: each answers 200 with
-  the tokens it has and finish_reason {"type": "abort", "message": "Aborted", ...}. "in_place" and
+  the tokens it has and finish_reason {"type": "abort", "message": "Aborted", ...}; as SGLang's
+  tokenizer manager (it aborts until no request holds the model-update lock), the reply comes once
+  none is left in flight, so a /flush_cache after it succeeds. "in_place" and
   "retract" hold them between two tokens; after new weights both recompute the prefix (SGLang's
   in_place would keep the old KV cache).
 Not mirrored: text prompts, batches, streaming, stop strings, penalties, grammars, top and input logprobs.
@@ -288,6 +290,10 @@ def create_app(engine: Engine) -> FastAPI:
         engine.gate.pause(mode)
         async with admission:
             admission.notify_all()     # a weight update waiting for requests in flight may go now
+            if mode == "abort":
+                # SGLang returns only once the aborted requests are gone: its update_weights_from_disk then
+                # flushes the prefix cache, and that flush fails (an assert) while any request is running.
+                await admission.wait_for(lambda: state["in_flight"] == 0)
         return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
 
     @app.post("/continue_generation")

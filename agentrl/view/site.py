@@ -37,7 +37,7 @@ from .read import (
     signature,
     tokenizer_path,
 )
-from .tokens import Decoder, load_decoder
+from .tokens import NO_TOKENIZER, Decoder, load_decoder
 
 MANIFEST = ".manifest.json"
 RENDER_VERSION = 1          # a new version rewrites every page (as do changed templates)
@@ -108,7 +108,7 @@ class SiteWriter:
     def _listing(self, job: _Job, stats: BuildStats, bar: tqdm) -> None:
         directory = self.out / job.dirname
         directory.mkdir(exist_ok=True)
-        manifest = _read_manifest(directory / MANIFEST)
+        manifest = read_json_object(directory / MANIFEST)
         known: dict[str, Any] = manifest.get("pages", {}) if manifest.get("key") == self.key else {}
         pages: dict[str, Any] = {}
         for ref in job.listing.refs:
@@ -147,23 +147,22 @@ class SiteWriter:
         """The index, from every listing's manifest (those not rebuilt this time too)."""
         links: list[tuple[list[int], ListingLink]] = []
         for manifest_path in sorted(self.out.glob(f"*/{MANIFEST}")):
-            m = _read_manifest(manifest_path)
+            m = read_json_object(manifest_path)
             if "figures" not in m or "order" not in m:
                 continue
             links.append((m["order"], ListingLink(m.get("title", manifest_path.parent.name),
                                                   f"{manifest_path.parent.name}/index.html", m.get("state", ""),
                                                   Figures(**m["figures"]))))
         links.sort(key=lambda x: x[0])
-        note = None
-        if self.tokenizer is None:
-            note = "no tokenizer: run.yaml names no train.model directory here (give --tokenizer DIR): tokens are ids"
+        note = f"{NO_TOKENIZER}: tokens are ids" if self.tokenizer is None else None
         html = render_index(self.source.name, str(self.source.root), [lk for o, lk in links if o[0] == 0],
                             [lk for o, lk in links if o[0] == 1], [], note)
         write_atomic(self.out / "index.html", html.encode(), fsync=False)
 
 
-def _read_manifest(path: Path) -> dict[str, Any]:
-    """A listing's manifest; {} when there is none or it cannot be read (every page is then rewritten)."""
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON object the viewer keeps (a listing's manifest, the Weave record); {} when there is none or it cannot
+    be read (every page is then rewritten, every attempt logged again)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("agentrl.view")
+NO_TOKENIZER = "no tokenizer: run.yaml names no train.model directory here (give --tokenizer DIR)"
 
 
 class Decoder:
@@ -37,7 +38,7 @@ class Decoder:
 def load_decoder(path: Path | None) -> tuple[Decoder, str | None]:
     """The decoder of the tokenizer in `path`, or one of ids and the reason it is (for the pages to say)."""
     if path is None:
-        return Decoder(), "no tokenizer: run.yaml names no train.model directory here (give --tokenizer DIR)"
+        return Decoder(), NO_TOKENIZER
     try:
         from transformers import AutoTokenizer
 

@@ -37,7 +37,7 @@ from ..train.tracking import TrackingConfig
 from .conversation import Block, Message, ModelTurn, conversation, turn_spans
 from .model import Attempt, AttemptRef, attempt_row
 from .read import Source, read_attempt
-from .site import SiteWriter
+from .site import SiteWriter, read_json_object
 from .tokens import Decoder
 
 RECORD = ".weave.json"
@@ -239,12 +239,8 @@ def _arguments(text: str) -> Any:
 
 
 def _read_record(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {"version": 1, "projects": {}}
-    return data if isinstance(data, dict) and isinstance(data.get("projects"), dict) else \
-        {"version": 1, "projects": {}}
+    data = read_json_object(path)
+    return data if isinstance(data.get("projects"), dict) else {"version": 1, "projects": {}}
 
 
 def log_to_weave(source: Source, out: Path, project: str, weave: ModuleType, *, tokens: bool,

@@ -365,3 +365,41 @@ def test_rollouts_run_ahead_of_training_and_stale_tokens_never_reach_a_step(tiny
     last = metrics(stale.root)[-1]
     assert last["rollout"] == 2 and "train/loss" not in last and last["staleness/dropped_samples"] == 9
     assert last["staleness/masked_tokens"] == last["staleness/tokens_lag_2"] > 0
+
+
+def test_a_rollout_whose_publish_failed_after_its_checkpoint_keeps_its_metrics_line(tiny_model, prompts, tmp_path):
+    """Rollout 0 trains and checkpoints, then its publish is refused: the trainer fails, and the one that
+    resumes after rollout 0 writes rollout 0's line from the checkpoint, once, before its own."""
+    import httpx
+
+    from agentrl.train.publish import PublishError
+    from hpc.inference.sglang import SGLangClient
+    from hpc.registry import Registry
+
+    refuse = {"on": True}
+
+    def server(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/update_weights_from_disk" and refuse["on"]:
+            return httpx.Response(400, json={"success": False, "message": "out of memory"})
+        if request.url.path == "/model_info":
+            return httpx.Response(200, json={"weight_version": "1"})
+        return httpx.Response(200, json={"success": True})
+
+    run = RunLayout.create(tmp_path / "run")
+    Registry(run.services_dir).register("inference", 0, host="gpu1", port=30000)
+    client = lambda url: SGLangClient(url, transport=httpx.MockTransport(server))   # noqa: E731
+    cfg = config(tiny_model, prompts, num_rollouts=2)
+    with FakePool(run.root), pytest.raises(PublishError, match="out of memory"):
+        Trainer(run, cfg, inference_client=client).train()
+    assert run.latest_checkpoint() == 1 and not run.metrics_path.exists()
+    saved = read_record(run.checkpoint_dir(1) / "trainer.json", TrainerState).metrics
+    assert saved["rollout"] == 0 and saved["attempts"] == 6
+
+    refuse["on"] = False
+    with FakePool(run.root):
+        Trainer(run, cfg, inference_client=client).train()
+        Trainer(run, cfg, inference_client=client).train()     # nothing left to train: nothing written twice
+    lines = metrics(run.root)
+    assert [m["rollout"] for m in lines] == [0, 1]
+    assert lines[0]["recovered_from_checkpoint"] and lines[0]["fingerprint"] == saved["fingerprint"]
+    assert "publish_s" not in lines[0] and "recovered_from_checkpoint" not in lines[1]

@@ -1,7 +1,8 @@
 """Trainer checkpoints: checkpoints/iter_<n>/ written aside and renamed in; `latest` names the newest full one.
 
     iter_<n>/model.pt optimizer.pt rng.pt   the backend's state and every RNG (a full checkpoint only)
-    iter_<n>/trainer.json                  TrainerState: rollouts done, steps, weight version, prompt source
+    iter_<n>/trainer.json                  TrainerState: rollouts done, steps, weight version, prompt source,
+                                           the last rollout's metrics line
     iter_<n>/hf/                           a Hugging Face export, for inference reloads and eval
 
 A full checkpoint (every `save_every` rollouts, and the last) is what a resumed trainer loads; the
@@ -42,6 +43,9 @@ class TrainerState(Record):
     weight_version: int
     prompt_source: dict[str, Any]
     full: bool = True         # the backend's state and RNGs are here: a resumed trainer may load it
+    # The trained rollout's metrics line as it stood at the save (before publishing): a trainer that died
+    # publishing, after this checkpoint, resumes past the rollout and writes the line it lost from here.
+    metrics: dict[str, Any] | None = None
 
 
 class Saveable(Protocol):

@@ -33,6 +33,7 @@ from hpc.runlayout import RunLayout
 
 from ..prompts.groups import RolloutGroups, open_rollout, rollout_payload
 from ..prompts.source import PromptSource, load_prompt_rows
+from ..report.data import parse_metrics
 from ..rollout.metrics import rollout_report
 from ..sample import SAMPLE_CODEC
 from .batch import plan_steps, rollout_batch, shuffle_rewards
@@ -155,6 +156,8 @@ class Trainer:
                                   seed=cfg.seed)
             state = TrainerState(iteration=0, optimizer_steps=0, weight_version=0, prompt_source=source.state())
         policy.steps = state.optimizer_steps
+        if self.rank == 0 and state.metrics is not None:
+            self._record_lost_line(state.metrics)
         if self.rank == 0:
             self.tracker = make_tracker(cfg.tracking, self.run.root, self.run.manifest().run_id,
                                         cfg.model_dump(mode="json"))
@@ -195,13 +198,13 @@ class Trainer:
         cfg = self.cfg
         barrier()
         groups = read_rollout(self.ledger, self.run.buffer_dir, r, SAMPLE_CODEC)     # the groups the close fixed
-        batch = rollout_batch(groups, std_normalize=cfg.std_normalize)
+        trained_on = shuffle_rewards(groups, f"{cfg.seed}/{r}") if cfg.control == "shuffle_rewards" else groups
+        batch = rollout_batch(trained_on, std_normalize=cfg.std_normalize)
         metrics: dict[str, Any] = {"rollout": r, **timing}
-        if self.rank == 0:
-            metrics.update(rollout_report(batch.samples, ks=sorted({1, cfg.n_samples_per_prompt}),
-                                          rollout_s=timing["rollout_s"], infra_failures=self.ledger.status(r).failed))
-        if cfg.control == "shuffle_rewards":   # the report above keeps the true rewards
-            batch = rollout_batch(shuffle_rewards(groups, f"{cfg.seed}/{r}"), std_normalize=cfg.std_normalize)
+        if self.rank == 0:     # the true rewards, in a control run too
+            metrics.update(rollout_report([s for g in sorted(groups) for s in groups[g]],
+                                          ks=sorted({1, cfg.n_samples_per_prompt}), rollout_s=timing["rollout_s"],
+                                          infra_failures=self.ledger.status(r).failed))
         # The policy has trained r rollouts: what lags more than the bound behind it leaves the loss.
         batch, staleness = bound_staleness(batch, policy_version=r, mask_unknown=cfg.max_staleness > 0,
                                            bound=staleness_bound(cfg.max_staleness, cfg.publish_every))
@@ -224,8 +227,9 @@ class Trainer:
         publish = (n % cfg.publish_every == 0 and not last) or (last and cfg.evals_after_last)
         full = n % cfg.save_every == 0 or last
         save = full or publish       # publishing needs only the export the servers load
+        metrics["fingerprint"] = policy.fingerprint()
         state = TrainerState(iteration=n, optimizer_steps=policy.steps, weight_version=n if publish else
-                             state.weight_version, prompt_source=source.state(), full=full)
+                             state.weight_version, prompt_source=source.state(), full=full, metrics=dict(metrics))
         if save:
             t2 = self.clock()
             save_checkpoint(self.run, policy, state, rank=self.rank, collective=policy.collective_io, barrier=barrier)
@@ -249,7 +253,6 @@ class Trainer:
             apply_retention(self.run, keep_last=cfg.keep_last, keep_exports=cfg.keep_exports)
         barrier()
         liveness.beat(self.liveness_file)
-        metrics["fingerprint"] = policy.fingerprint()
         self._record(metrics)
         return state
 
@@ -259,6 +262,21 @@ class Trainer:
     def inference_servers(self) -> list[str]:
         return [f"http://{s.host}:{s.port}" for s in self.registry.alive("inference") if s.port]
 
+    def _record_lost_line(self, metrics: dict[str, Any]) -> None:
+        """The resumed-from checkpoint's rollout line, where metrics.jsonl lacks it (the trainer died
+        between the save and the line: publishing failed, or it was killed). Idempotent."""
+        path = self.run.metrics_path
+        written = parse_metrics(path.read_text(errors="replace") if path.exists() else "").records
+        if any(m["rollout"] == metrics["rollout"] for m in written):
+            return
+        log.warning("rollout %d: metrics.jsonl lacks its line (the trainer stopped after its checkpoint); "
+                    "written from the checkpoint, without what came after the save", metrics["rollout"])
+        self._append_line({**metrics, "recovered_from_checkpoint": True})
+
+    def _append_line(self, metrics: dict[str, Any]) -> None:
+        with open(self.run.metrics_path, "a") as f:
+            f.write(json.dumps({"kind": "train", "time": time.time(), **metrics}) + "\n")
+
     def _record(self, metrics: dict[str, Any]) -> None:
         """metrics.jsonl gets rank 0's line; every rank leaves its model fingerprint (ranks must agree)."""
         fingerprints = self.run.logs_dir / f"train-rank{self.rank}.json"
@@ -266,8 +284,7 @@ class Trainer:
         write_atomic(fingerprints, json.dumps({"rollout": metrics["rollout"],
                                                "fingerprint": metrics["fingerprint"]}).encode())
         if self.rank == 0:
-            with open(self.run.metrics_path, "a") as f:
-                f.write(json.dumps({"kind": "train", "time": time.time(), **metrics}) + "\n")
+            self._append_line(metrics)
             self.tracker.log(metrics, step=metrics["rollout"])
             log.info("rollout %d: reward %.3f over %d attempts, %d samples; loss %.4f; %.1fs rollout (%.1fs waited "
                      "for), %.1fs train", metrics["rollout"], metrics["reward_mean"], metrics["attempts"],

@@ -46,12 +46,15 @@ def read_results(eval_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _bootstrap(passed: np.ndarray, counts: np.ndarray, level: float, seed: int) -> tuple[float, float]:
-    rng = np.random.default_rng(seed)
-    pick = rng.integers(0, len(counts), size=(RESAMPLES, len(counts)))
-    rates = passed[pick].sum(axis=1) / counts[pick].sum(axis=1)
+def _percentiles(values: np.ndarray, level: float) -> tuple[float, float]:
+    """The central `level` interval of resampled values (percentile bootstrap)."""
     tail = (1 - level) / 2
-    return float(np.quantile(rates, tail)), float(np.quantile(rates, 1 - tail))
+    return float(np.quantile(values, tail)), float(np.quantile(values, 1 - tail))
+
+
+def _resample_tasks(n_tasks: int, seed: int) -> np.ndarray:
+    """RESAMPLES draws of n_tasks task indices, with replacement: one row per resample."""
+    return np.random.default_rng(seed).integers(0, n_tasks, size=(RESAMPLES, n_tasks))
 
 
 def pass_at_1(results: list[dict], *, level: float = 0.95, seed: int = 0) -> Estimate:
@@ -61,7 +64,8 @@ def pass_at_1(results: list[dict], *, level: float = 0.95, seed: int = 0) -> Est
         raise ValueError("no results: nothing to estimate")
     passed = np.array([p for p, _ in rates.values()], float)
     counts = np.array([n for _, n in rates.values()], float)
-    low, high = _bootstrap(passed, counts, level, seed)
+    pick = _resample_tasks(len(counts), seed)
+    low, high = _percentiles(passed[pick].sum(axis=1) / counts[pick].sum(axis=1), level)
     return Estimate(float(passed.sum() / counts.sum()), low, high, int(counts.sum()), len(rates))
 
 
@@ -73,8 +77,5 @@ def paired_difference(after: list[dict], before: list[dict], *, level: float = 0
         raise ValueError("the two results share no task: a paired difference needs the same task set")
     rate = np.array([[a[t][0] / a[t][1], b[t][0] / b[t][1]] for t in tasks])
     diff = rate[:, 0] - rate[:, 1]
-    rng = np.random.default_rng(seed)
-    means = diff[rng.integers(0, len(tasks), size=(RESAMPLES, len(tasks)))].mean(axis=1)
-    tail = (1 - level) / 2
-    return Estimate(float(diff.mean()), float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail)),
-                    sum(a[t][1] for t in tasks), len(tasks))
+    low, high = _percentiles(diff[_resample_tasks(len(tasks), seed)].mean(axis=1), level)
+    return Estimate(float(diff.mean()), low, high, sum(a[t][1] for t in tasks), len(tasks))

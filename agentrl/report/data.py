@@ -223,7 +223,7 @@ def control_plot(run: RunData, control: RunData) -> Plot:
 
     reward = {f"{name}: reward_mean": xy for name, r in (("run", run), ("control", control))
               for xy in rewards(r).values()}
-    evals = {f"{name}: pass@1": passes(r) for name, r in (("run", run), ("control", control)) if passes(r)[0]}
+    evals = {f"{name}: pass@1": xy for name, r in (("run", run), ("control", control)) if (xy := passes(r))[0]}
     return Plot("control", "Against the control (rewards shuffled within each group)",
                 tuple(p for p in (Panel("training reward", reward), Panel("eval pass@1", evals)) if p.series),
                 "checkpoint / rollout", None if reward or evals else "neither run has metrics or evals yet")

@@ -19,14 +19,18 @@ offline tokenizer and chat template are built under --dir once.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if not __package__:     # run as `python benchmarks/NAME.py`: the checkout's root, for `benchmarks.*` imports
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import asyncio
 import json
 import subprocess
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 import httpx
 

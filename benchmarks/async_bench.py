@@ -49,6 +49,12 @@ a failed run names its log.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if not __package__:     # run as `python benchmarks/NAME.py`: the checkout's root, for `benchmarks.*` imports
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import asyncio
 import json
@@ -60,9 +66,7 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import orjson

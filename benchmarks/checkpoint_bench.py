@@ -15,12 +15,16 @@ against the export alone, all float32), so the ratio depends on the rollout coun
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if not __package__:     # run as `python benchmarks/NAME.py`: the checkout's root, for `benchmarks.*` imports
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
-from pathlib import Path
 
 from agentrl.train.checkpoint import TrainerState, apply_retention, save_checkpoint
 from benchmarks.train_bench import FULL, bench_model, train_config
@@ -76,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {"rollouts": args.rollouts, "save_every": args.save_every, "keep_last": args.keep_last,
            "figure_bytes": figure, "baseline_bytes": baseline, "ratio": round(figure / baseline, 4)}
     if args.json:
-        print(json.dumps(out, indent=1))
+        print(json.dumps(out))
         return 0
     mib = 2**20
     print(f"checkpoints/ after {args.rollouts} rollouts, weights published every rollout:\n"

@@ -20,16 +20,20 @@ with hpc/images/oci_writer.py (uncompressed layers, so a layer's blob is its tar
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if not __package__:     # run as `python benchmarks/NAME.py`: the checkout's root, for `benchmarks.*` imports
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import asyncio
 import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 from benchmarks.common import percentile
 from hpc.images.build import build_image
@@ -144,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         start = asyncio.run(start_times(cache, layouts[0], args.rounds, str(Path(tmp) / "scratch")))
     out = {"storage": disk, "start": start}
     if args.json:
-        print(json.dumps(out, indent=1))
+        print(json.dumps(out))
         return 0
     mib = 2**20
     print(f"\n(a) {disk['images']} images on one base, on disk:\n"

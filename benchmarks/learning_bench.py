@@ -32,13 +32,17 @@ Targets on 2 cores: GRPO - warm start >= 25 points within 20 minutes of GRPO; |c
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if not __package__:     # run as `python benchmarks/NAME.py`: the checkout's root, for `benchmarks.*` imports
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import json
 import shutil
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import yaml
 
@@ -309,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             if k == "curves":
                 return {name: {n: vars(e) for n, e in points.items()} for name, points in v.items()}
             return v
-        print(json.dumps({k: plain(k, v) for k, v in out.items()}, indent=1))
+        print(json.dumps({k: plain(k, v) for k, v in out.items()}))
         return 0
     print(f"\nheld-out ({args.split}) pass@1, %, with 95% intervals resampled by task:")
     for name, e in out["estimates"].items():

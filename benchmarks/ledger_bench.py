@@ -22,16 +22,20 @@ most 40 calls per pair, whatever N.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if not __package__:     # run as `python benchmarks/NAME.py`: the checkout's root, for `benchmarks.*` imports
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import json
 import multiprocessing as mp
 import os
 import random
-import sys
 import tempfile
 import time
 from collections import Counter
-from pathlib import Path
 
 from benchmarks.common import percentile
 from benchmarks.fs_calls import counted

@@ -35,6 +35,12 @@ bubblewrap (bwrap sandboxes).
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if not __package__:     # run as `python benchmarks/NAME.py`: the checkout's root, for `benchmarks.*` imports
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import asyncio
 import json
@@ -42,13 +48,11 @@ import os
 import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 import orjson

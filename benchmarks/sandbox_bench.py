@@ -25,6 +25,12 @@ The image is built once from the host's /usr (offline) and cached under --dir; n
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if not __package__:     # run as `python benchmarks/NAME.py`: the checkout's root, for `benchmarks.*` imports
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import argparse
 import asyncio
 import concurrent.futures
@@ -34,11 +40,9 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import replace
-from pathlib import Path
 
 from benchmarks.common import percentile
 from hpc.images.hostroot import build_host_rootfs

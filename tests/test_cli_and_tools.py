@@ -72,6 +72,18 @@ def test_benchmark_prints_its_figures_as_json_last(tmp_path):
         assert bad.returncode == 2 and message in bad.stderr
 
 
+def test_every_benchmark_runs_as_a_script_too():
+    """`python benchmarks/X.py`, as a newcomer types it, finds the checkout's `benchmarks` package as
+    `python -m benchmarks.X` does (the form the other benchmark tests run)."""
+    names = sorted(p.stem for p in (ROOT / "benchmarks").glob("*_bench.py"))
+    runs = {name: subprocess.Popen([sys.executable, f"benchmarks/{name}.py", "--help"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, cwd=ROOT) for name in names}
+    for name, p in runs.items():
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0 and "usage:" in out, (name, err[-2000:])
+    assert len(names) >= 9
+
+
 def test_file_system_calls_are_counted_by_name_and_the_real_functions_put_back(tmp_path):
     import io
     import os

@@ -98,7 +98,7 @@ def test_the_image_bench_stores_a_shared_base_once_and_starts_sandboxes_on_the_s
                         "--rounds", "2", "--json", "--dir", str(tmp_path)],
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stdout + p.stderr
-    out = json.loads(p.stdout)
+    [out] = [json.loads(line) for line in p.stdout.splitlines()]     # one line, for jq
     disk, start = out["storage"], out["start"]
     assert disk["unique_layers"] == 4                              # one base, three tops
     # three flattened copies of the base against one: well under half, and close to the layers' own bytes

@@ -72,6 +72,6 @@ def test_the_checkpoint_bench_bounds_the_bytes_against_a_full_checkpoint_per_rol
                         "--keep-last", "1", "--dir", str(tmp_path), "--json"],
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stderr
-    out = json.loads(p.stdout)
+    [out] = [json.loads(line) for line in p.stdout.splitlines()]     # one line, for jq
     # bounded: iter_6's full state and export (4 weights' worth); everything: 6 x 4
     assert 0.1 < out["ratio"] < 0.3 and out["figure_bytes"] > 0, out

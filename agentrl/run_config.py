@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,8 @@ class RunConfig(BaseModel):
     train: TrainConfig | None = None
     pool: PoolConfig | None = None
     eval: EvalConfig | None = None
+    # What the config names that is not there, where paths went unchecked (load_run_config's check_paths)
+    missing_paths: tuple[str, ...] = ()
 
     def section(self, name: str) -> Any:
         """A section a role needs: its typed model (train, pool, eval) or its mapping (launch, inference)."""
@@ -92,10 +95,12 @@ def resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
 
 
 def load_run_config(data: Any, base: Path, source: str, *, partitions: dict[str, Any] | None = None,
-                    check_launch: bool = False) -> RunConfig:
+                    check_launch: bool = False, check_paths: bool = True) -> RunConfig:
     """The config with its paths resolved and every section validated; RunConfigError lists every problem.
 
-    check_launch also validates `launch:` (with the cluster's partitions, when it names none).
+    check_launch also validates `launch:` (with the cluster's partitions, when it names none). Without
+    check_paths, a path that does not exist (the model, the prompt data) is no problem but is listed in
+    `missing_paths`: a dry run off the cluster previews a plan whose paths exist only there.
     """
     if not isinstance(data, dict):
         raise RunConfigError(f"{source}: a run config is a mapping of sections ({', '.join(SECTIONS)})")
@@ -113,7 +118,7 @@ def load_run_config(data: Any, base: Path, source: str, *, partitions: dict[str,
             parse_inference(raw["inference"], 0, source="inference")
         except InferenceConfigError as e:
             problems.extend(f"{source}: {line}" for line in str(e).splitlines())
-    for name, load, error in (("train", load_train_config, TrainConfigError),
+    for name, load, error in (("train", partial(load_train_config, check_paths=check_paths), TrainConfigError),
                               ("pool", load_pool_config, PoolConfigError),
                               ("eval", load_eval_config, EvalConfigError)):
         if raw.get(name) is not None:
@@ -121,6 +126,8 @@ def load_run_config(data: Any, base: Path, source: str, *, partitions: dict[str,
                 typed[name] = load(raw[name], source=name)
             except error as e:
                 problems.extend(f"{source}: {line}" for line in str(e).splitlines())
+    missing = [] if check_paths or "train" not in typed else \
+        [f"{source}: train: {problem}" for problem in typed["train"].missing_paths()]
     if "pool" in typed and "train" in typed:
         try:
             typed["pool"].sampling(typed["train"].rollout_temperature)
@@ -128,7 +135,7 @@ def load_run_config(data: Any, base: Path, source: str, *, partitions: dict[str,
             problems.append(f"{source}: {e}")
     if problems:
         raise RunConfigError("\n".join(problems))
-    return RunConfig(source=source, raw=raw, **typed)
+    return RunConfig(source=source, raw=raw, missing_paths=tuple(missing), **typed)
 
 
 def read_config_file(path: Path) -> Any:

@@ -125,6 +125,23 @@ def test_launch_dry_run_prints_the_script_and_submits_nothing(tmp_path):
     assert r.returncode == 2 and "roles.pool.gpus_per_task" in r.stderr
 
 
+@pytest.mark.integration
+def test_a_dry_run_off_the_cluster_previews_the_plan_and_warns_of_the_paths_only_the_cluster_has(tmp_path):
+    """configs/cluster-2node.yaml names /shared/...: a preview lists those as warnings; a launch refuses."""
+    cfg = ROOT / "configs/cluster-2node.yaml"
+    run_dir = ["--run-dir", str(tmp_path / "run")]
+    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "launch", str(cfg), "--executor", "sbatch", "--dry-run",
+                        *run_dir], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.startswith("#!/bin/bash"), r.stderr
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("agentrl: warning:")]
+    assert any("train: model: /shared/models/Qwen3-8B holds no config.json" in w for w in warnings), r.stderr
+    assert any("train: prompt_data: " in w for w in warnings), r.stderr
+    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "launch", str(cfg), "--executor", "sbatch", *run_dir],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "holds no config.json" in r.stderr and "warning" not in r.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def _task(index, code, ended, signal=None, restarts=0):
     from hpc.launch.state import TaskRecord
     return TaskRecord(role="trainer", index=index, state="exited", restarts=restarts, started=0.0,

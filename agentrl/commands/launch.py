@@ -41,13 +41,17 @@ def run(args: argparse.Namespace) -> int:
             partitions = partitions_from_sinfo()
         # Every section, launch: with the others and every problem at once, before anything is submitted:
         # a bad eval: would otherwise surface after training. The resolved config is what the roles read.
-        resolved = load_run_config(config, Path(args.config).resolve().parent, str(args.config),
-                                   partitions=partitions, check_launch=True).raw
+        # A dry run previews the plan before the paths exist (off the cluster, say): what is missing is a warning.
+        checked = load_run_config(config, Path(args.config).resolve().parent, str(args.config),
+                                  partitions=partitions, check_launch=True, check_paths=not args.dry_run)
+        resolved = checked.raw
         plan = load_plan(section, partitions)
     except (ValueError, SlurmUnavailable) as e:  # PlanError and RunConfigError are ValueErrors
         print(e, file=sys.stderr)
         return 2
     if args.dry_run:
+        for problem in checked.missing_paths:
+            print(f"agentrl: warning: {problem}; a launch refuses this until it exists", file=sys.stderr)
         if args.executor == "sbatch":
             print(render_sbatch(plan, source=str(args.config)))
         else:

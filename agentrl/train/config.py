@@ -87,13 +87,23 @@ class TrainConfig(BaseModel):
             raise ValueError(f"max_staleness {self.max_staleness} with colocated: true: colocated servers release "
                              "their GPU memory while the trainer trains, so no rollout can run meanwhile; set "
                              "max_staleness: 0, or give inference GPUs of its own (colocated: false)")
-        if not (self.model / "config.json").is_file():
-            raise ValueError(f"model: {self.model} holds no config.json (a Hugging Face model directory)")
-        if not self.prompt_data.is_file():
-            raise ValueError(f"prompt_data: {self.prompt_data} does not exist (make it with "
-                             "`agentrl convert harbor TASKS --out prompts.jsonl`)")
         return self
 
+    def missing_paths(self) -> list[str]:
+        """What the config names that is not there (yet): on the machine that trains, a refusal; in a
+        dry run off the cluster, a warning."""
+        problems = []
+        if not (self.model / "config.json").is_file():
+            problems.append(f"model: {self.model} holds no config.json (a Hugging Face model directory)")
+        if not self.prompt_data.is_file():
+            problems.append(f"prompt_data: {self.prompt_data} does not exist (make it with "
+                            "`agentrl convert harbor TASKS --out prompts.jsonl`)")
+        return problems
 
-def load_train_config(data: Any, source: str = "train") -> TrainConfig:
-    return validate_section(TrainConfig, data, source, TrainConfigError)
+
+def load_train_config(data: Any, source: str = "train", *, check_paths: bool = True) -> TrainConfig:
+    """The train section; with check_paths, the model and prompt data it names must exist."""
+    cfg = validate_section(TrainConfig, data, source, TrainConfigError)
+    if check_paths and (missing := cfg.missing_paths()):
+        raise TrainConfigError("\n".join(f"{source}: {problem}" for problem in missing))
+    return cfg

@@ -68,10 +68,22 @@ def test_weave_without_the_extra_says_how_to_install_it(tmp_path, capsys, monkey
     assert not (run.root / "view").exists()
 
 
-def test_weave_tokens_go_with_weave(tmp_path, capsys):
+def test_weave_tokens_and_wandb_mode_go_with_weave(tmp_path, capsys):
     run = new_run(tmp_path / "run", ONLINE)
     assert main(["view", str(run.root), "--weave-tokens", "--quiet"]) == 2
     assert "--weave-tokens goes with --weave" in capsys.readouterr().err
+    assert main(["view", str(run.root), "--wandb-mode", "online", "--quiet"]) == 2
+    assert "--wandb-mode goes with --weave" in capsys.readouterr().err
+
+
+def test_an_offline_run_says_how_to_export_it_and_wandb_mode_offline_is_refused(tmp_path, capsys):
+    run = new_run(tmp_path / "run", {**ONLINE, "wandb": "offline"})
+    make_rollout(run, 0, {(0, 0): Script("alpha")}, TOKENIZER.encode)
+    assert main(["view", str(run.root), "--weave", "--quiet"]) == 2
+    assert "with --wandb-mode online" in capsys.readouterr().err
+    assert main(["view", str(run.root), "--weave", "--wandb-mode", "offline", "--quiet"]) == 2
+    assert "--wandb-mode is 'offline'" in capsys.readouterr().err
+    assert not (run.root / "view").exists()
 
 
 def test_without_the_flag_nothing_changes_and_weave_is_never_imported(tmp_path, capsys, monkeypatch):
@@ -287,3 +299,9 @@ def test_the_command_logs_into_the_project_the_run_names(tmp_path, weave_client,
     assert main(["view", str(run.root), "--weave", "--quiet"]) == 0
     assert "0 attempts logged to Weave project ent/proj (4 logged before)" in capsys.readouterr().out
     assert len(calls_of(weave_client)) == len(calls)
+
+    # A run trained offline, exported from a node with network: --wandb-mode online, into the project it names
+    offline = new_run(tmp_path / "offline", {**ONLINE, "wandb": "offline", "project": "later"})
+    make_rollout(offline, 0, {(0, 0): Script("alpha")}, TOKENIZER.encode)
+    assert main(["view", str(offline.root), "--weave", "--wandb-mode", "online", "--quiet"]) == 0
+    assert opened[-1][0] == "ent/later" and "1 attempts logged to Weave project ent/later" in capsys.readouterr().out

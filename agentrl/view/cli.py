@@ -10,9 +10,10 @@ only the pages whose files changed are rewritten, and new attempts are added.
 With --serve PORT it then serves DIR on 127.0.0.1 (--host to change) until interrupted; from your
 own machine, `ssh -L PORT:127.0.0.1:PORT LOGIN-NODE` and open http://127.0.0.1:PORT/.
 
-With --weave, where the run's W&B is online (run.yaml's train.tracking), each attempt not logged before
-also goes to Weave as a call tree (agentrl/view/weave_export.py; the extra agentrl-hpc[weave]); with
---weave-tokens, each model turn's token ids too.
+With --weave, where the run's W&B is online (run.yaml's train.tracking, or --wandb-mode online for a run
+trained offline), each attempt not logged before also goes to Weave as a call tree
+(agentrl/view/weave_export.py; the extra agentrl-hpc[weave]); with --weave-tokens, each model turn's
+token ids too.
 Exit 2: RUN is neither a run nor an eval directory, or --weave cannot go ahead (W&B not online, no weave
 package): then nothing is written.
 """
@@ -43,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weave", action="store_true",
                    help="also log each attempt not logged before to Weave, where the run's W&B is online "
                         "(run.yaml's train.tracking); needs the weave extra: pip install 'agentrl-hpc[weave]'")
+    p.add_argument("--wandb-mode", choices=["online", "offline", "disabled"],
+                   help="--weave: take the run's W&B as this instead of run.yaml's train.tracking.wandb (online: "
+                        "export a run trained offline, from a node with network and `wandb login`)")
     p.add_argument("--weave-tokens", action="store_true",
                    help="--weave: each model turn's token ids too, with their decoded pieces and log-probs")
 
@@ -58,14 +62,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out = (args.out or source.root / "view").absolute()
     weave = None
-    if args.weave_tokens and not args.weave:
-        print("agentrl view: --weave-tokens goes with --weave", file=sys.stderr)
-        return 2
+    for flag, given in (("--weave-tokens", args.weave_tokens), ("--wandb-mode", args.wandb_mode)):
+        if given and not args.weave:
+            print(f"agentrl view: {flag} goes with --weave", file=sys.stderr)
+            return 2
     if args.weave:
         from .weave_export import WeaveRefused, import_weave, weave_project
 
         try:        # before anything is written: W&B offline or no weave package, nothing else is done
-            weave = (weave_project(source.config), import_weave())
+            weave = (weave_project(source.config, args.wandb_mode), import_weave())
         except WeaveRefused as e:
             print(f"agentrl view: {e}", file=sys.stderr)
             return 2

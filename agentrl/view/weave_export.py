@@ -61,8 +61,10 @@ class WeaveClient(Protocol):
     def flush(self) -> None: ...
 
 
-def weave_project(config: Mapping[str, Any]) -> str:
-    """The Weave project ("entity/project", or "project": W&B's default entity) of a run whose W&B is online."""
+def weave_project(config: Mapping[str, Any], wandb_mode: str | None = None) -> str:
+    """The Weave project ("entity/project", or "project": W&B's default entity) of a run whose W&B is online,
+    or is taken as online (`wandb_mode`, `agentrl view --wandb-mode`: a run trained offline, exported from a
+    node with network)."""
     train = config.get("train")
     tracking = train.get("tracking") if isinstance(train, dict) else None
     try:
@@ -70,9 +72,14 @@ def weave_project(config: Mapping[str, Any]) -> str:
     except ValidationError as e:
         raise WeaveRefused(f"run.yaml's train.tracking is not valid ({e.error_count()} errors: "
                            f"{e.errors()[0]['msg']}): nothing was logged to Weave") from None
-    if cfg.wandb != "online":
+    if wandb_mode is not None:
+        if wandb_mode != "online":
+            raise WeaveRefused(f"--weave needs online W&B: --wandb-mode is {wandb_mode!r}; nothing was logged "
+                               "to Weave and nothing else was done")
+    elif cfg.wandb != "online":
         raise WeaveRefused(f"--weave needs online W&B: this run's train.tracking.wandb is {cfg.wandb!r} "
-                           "(run.yaml); nothing was logged to Weave and nothing else was done")
+                           "(run.yaml); nothing was logged to Weave and nothing else was done. A run trained "
+                           "offline is exported from a node with network with --wandb-mode online")
     return f"{cfg.entity}/{cfg.project}" if cfg.entity else cfg.project
 
 

@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-unit demo learn sysdeps venv clis cluster-up cluster-down bench lint clean scripts
+.PHONY: test test-fast test-unit demo learn sysdeps venv clis cluster-up cluster-down bench lint clean scripts
 
 # Every tier (setup.cfg's markers: unit, integration, slurm, e2e), as CI runs it; ends with the 25 slowest tests.
 test: sysdeps venv cluster-up clis
@@ -31,6 +31,11 @@ demo: sysdeps venv
 # docs/learning.md). About an hour on 2 cores; a stage whose output is in .cache/learn is not redone.
 learn: sysdeps venv
 	$(BIN)/python -m benchmarks.learning_bench $(LEARN_ARGS)
+
+# Everything but the tests marked slow (over 15 s each: the learning test, the demos, the end-to-end runs on
+# Slurm; docs/testing.md): every tier, in under 10 minutes on 2 cores.
+test-fast: sysdeps venv cluster-up clis
+	$(BIN)/pytest -m "not slow" --durations=10 $(PYTEST_ARGS)
 
 # The unit tier: no root, no Slurm, no sandboxes or servers (a cluster login node); under 2 minutes on 2 cores.
 test-unit: venv

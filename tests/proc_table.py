@@ -3,18 +3,6 @@
 import subprocess
 
 
-def named(comm: str) -> int:
-    """How many processes `ps -o comm` shows under this name (the sandbox supervisors name themselves)."""
-    return len(pids_named(comm))
-
-
-def pids_named(comm: str) -> set[int]:
-    """The pids of the processes `ps -o comm` shows under this name."""
-    out = subprocess.run(["ps", "-eo", "pid=,comm="], capture_output=True, text=True).stdout
-    return {int(pid) for pid, _, name in (line.strip().partition(" ") for line in out.splitlines())
-            if name.strip() == comm}
-
-
 def orphans_named(comm: str) -> set[int]:
     """The pids of the processes of this name whose parent is pid 1: outliving the process that owned them."""
     out = subprocess.run(["ps", "-eo", "pid=,ppid=,comm="], capture_output=True, text=True).stdout

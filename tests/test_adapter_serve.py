@@ -117,3 +117,24 @@ def test_the_config_takes_a_runs_registry(tiny_model, tmp_path):
     assert callable(cfg.servers()) and cfg.servers()() == []
     with pytest.raises(ValidationError, match="no services/ directory"):
         AdapterConfig(tokenizer=tiny_model, upstreams=[f"registry:{tmp_path}"])
+
+
+def test_a_socket_path_longer_than_a_unix_address_holds_is_refused_before_anything_starts(tmp_path):
+    """The bound is the kernel's: a path of UDS_PATH_MAX bytes binds, one byte more does not, and the
+    adapter refuses that one up front, naming the setting to shorten."""
+    import socket
+
+    from agentrl.adapter.serve import UDS_PATH_MAX, check_socket_path
+
+    def path_of(size: int) -> str:
+        base = str(tmp_path) + "/"
+        return base + "s" * (size - len(base))
+
+    fits, too_long = path_of(UDS_PATH_MAX), path_of(UDS_PATH_MAX + 1)
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(fits)
+    with socket.socket(socket.AF_UNIX) as s, pytest.raises(OSError):
+        s.bind(too_long)
+    check_socket_path(fits)
+    with pytest.raises(ValueError, match=rf"is a path of {UDS_PATH_MAX + 1} bytes, .*pool.scratch_dir"):
+        AdapterServer(None, uds=too_long)      # type: ignore[arg-type]   refused before the adapter is touched

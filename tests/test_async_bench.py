@@ -39,6 +39,7 @@ def processes_under(path: Path) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_one_rollout_ahead_overlaps_and_trains_more_samples_per_hour(work):
     p = subprocess.run([*BENCH, "--ks", "0,1", "--rollouts", "3", "--groups", "1", "--attempts", "2",
                         "--train-step-s", "3", "--turn-s", "0.5", "--work", str(work), "--json"],

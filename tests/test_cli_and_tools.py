@@ -72,6 +72,7 @@ def test_benchmark_prints_its_figures_as_json_last(tmp_path):
         assert bad.returncode == 2 and message in bad.stderr
 
 
+@pytest.mark.integration
 def test_every_benchmark_runs_as_a_script_too():
     """`python benchmarks/X.py`, as a newcomer types it, finds the checkout's `benchmarks` package as
     `python -m benchmarks.X` does (the form the other benchmark tests run)."""

@@ -72,6 +72,7 @@ def test_the_same_checkpoint_tasks_and_seed_give_the_same_results(setup, tiny_mo
     assert summary["timings"]["agent_s"] > 0
 
 
+@pytest.mark.slow
 def test_a_killed_eval_resumes_without_redoing_or_missing_attempts(setup, tiny_model, tmp_path):
     cfg, _ = setup
     out = tmp_path / "out"

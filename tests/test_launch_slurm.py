@@ -110,6 +110,7 @@ def test_submitit_stop_cancels_and_leaves_no_process(slurm_env, tmp_path):
 # What Slurm does before a time limit: SIGUSR2 to the batch shell (sbatch's --signal=B:USR2@120), or
 # to every process of the job (submitit's --signal=USR2@90). Submitit's jobs come in plan order:
 # the gpu partition's (trainer, inference) first.
+@pytest.mark.slow
 @pytest.mark.parametrize("executor, scancel_scope", [("sbatch", "--batch"), ("submitit", "--full")])
 def test_requeue_signal_checkpoints_and_the_run_resumes(slurm_env, tmp_path, executor, scancel_scope):
     run, jobs = launch(slurm_env, tmp_path, executor)

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MIN_GAIN = 0.4     # nats: unchanged runs +0.63 to +1.02, without a learning signal +0.02 to +0.16 (docs/learning.md)
 pytestmark = [
     pytest.mark.e2e,
+    pytest.mark.slow,
     pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0,
                        reason="needs bubblewrap (make sysdeps) and root for overlay mounts"),
 ]

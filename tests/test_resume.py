@@ -70,6 +70,7 @@ def groups(run_dir: Path) -> dict[int, list[int]]:
     return {r: ledger.spec(r, ledger.current_generation(r)).groups for r in ledger.rollouts()}
 
 
+@pytest.mark.slow
 def test_a_stopped_run_is_continued_by_the_same_launch_and_ends_as_an_uninterrupted_one(tiny_model, prompts,
                                                                                          tmp_path):
     config = write_config(tmp_path / "run.yaml", tiny_model, prompts)
@@ -103,6 +104,7 @@ def test_a_stopped_run_is_continued_by_the_same_launch_and_ends_as_an_uninterrup
     assert trained(stopped) == trained(straight)              # the same weights after every rollout
 
 
+@pytest.mark.slow
 def test_a_changed_config_is_refused_with_its_diff_unless_the_change_may_be_made(tiny_model, prompts, tmp_path):
     config = write_config(tmp_path / "run.yaml", tiny_model, prompts, num_rollouts=1)
     run_dir = tmp_path / "run"
@@ -125,6 +127,7 @@ def test_a_changed_config_is_refused_with_its_diff_unless_the_change_may_be_made
     assert (run_dir / "launch/config-history/0.yaml").exists()      # the config before, kept
 
 
+@pytest.mark.slow
 def test_a_cancelled_slurm_job_is_continued_by_the_same_launch(slurm_env, tiny_model, prompts, tmp_path):
     """The same, as an sbatch job on the local Slurm cluster, ended by `agentrl stop` (scancel)."""
     from hpc.launch.state import final_state, still_running

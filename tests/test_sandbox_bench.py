@@ -37,6 +37,7 @@ def _approx(x):
     return pytest.approx(x, rel=1e-3, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_quick_run_reports_figures_beside_baselines(runnable, tmp_path):
     p = subprocess.run([*BENCH, "--quick", "--json", "--dir", str(tmp_path)],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)

@@ -205,6 +205,7 @@ def cli_check(*args, timeout=600):
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 @needs_bwrap
 def test_generated_tasks_of_every_bug_kind_pass_their_oracle_fail_their_noop_and_defeat_every_hack(tmp_path):

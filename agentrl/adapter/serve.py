@@ -21,12 +21,29 @@ if TYPE_CHECKING:   # the CLI builds its parser without loading the web stack
     from .service import Adapter
 
 
+# The longest path a Unix socket's address holds: sun_path is 108 bytes with its terminating NUL (unix(7))
+UDS_PATH_MAX = 107
+
+
+def check_socket_path(uds: str) -> None:
+    """Refuse, before anything starts, a socket path that bind(2) would refuse later, deep in a server's start
+    (where a pool worker would take every attempt's failed sandbox for an infrastructure failure)."""
+    size = len(os.fsencode(uds))
+    if size > UDS_PATH_MAX:
+        raise ValueError(f"the adapter's Unix socket {uds} is a path of {size} bytes, past the {UDS_PATH_MAX} a "
+                         "socket's address holds: give it a shorter directory (a pool or eval puts it in "
+                         "pool.scratch_dir; the default, the node's /tmp, is short)")
+
+
 class AdapterServer:
     """The adapter on 127.0.0.1:port (0: an ephemeral port) and optionally a Unix socket, in a thread."""
 
     def __init__(self, adapter: Adapter, *, host: str = "127.0.0.1", port: int = 0, uds: str | None = None,
                  control_token: str | None = None):
         import uvicorn
+
+        if uds:
+            check_socket_path(uds)
 
         from .app import create_app
 

@@ -41,6 +41,8 @@ class AttemptMetadata(BaseModel):
     agent_timed_out: bool | None = None
     empty_patch: EmptyPatchClass | None = None
     patch_bytes: int | None = None
+    # The sandbox limits the attempt ran into (hpc.sandbox.usage.LIMITS: memory, pids, storage, tmp, time)
+    limits: tuple[str, ...] = ()
     turns: int | None = None                   # model calls of the whole attempt
     branches: int | None = None                # turns mounted under a turn that had a child: a chain each
     drift: dict[str, int] = Field(default_factory=dict)   # the attempt's turns by mount (Drift values)

@@ -12,6 +12,10 @@ on that copy; the copy is removed at stop. It copies from a warm page cache, whi
     figure:   BwrapSandbox(SandboxSpec(rootfs=IMAGE, workdir_source=REPO)): image read-only, work tree overlaid
     baseline: cp -a IMAGE, cp -a REPO into the copy's /testbed, bwrap on the copy
     Section (b) runs within --budget-s; a point that would not fit is skipped and says so.
+(c) density: --density sandboxes at once at Harbor's default limits, each writing --write-mib MiB to its
+    work tree and running its tests: RAM held and disk taken per sandbox, and how many this node holds
+    figure:   storage "disk" (an ext4 image per sandbox on the scratch disk)
+    baseline: storage "tmpfs" (its layers in RAM)      (benchmarks/sandbox_density.py)
 
 Both sections also run the runtime as it was before its hardening (no user namespace, seccomp filter,
 capability drop or limits; exec by nsenter): ours / unhardened is what the hardening costs.
@@ -20,7 +24,7 @@ ratio = figure / baseline everywhere (below 1 is faster for times, above 1 is be
 The image is built once from the host's /usr (offline) and cached under --dir; needs root (overlay mounts).
 
     python -m benchmarks.sandbox_bench [--dir DIR] [--rounds 20] [--concurrency 1,8,32] [--budget-s 300]
-                                       [--image-mb 300] [--quick] [--json]
+                                       [--image-mb 300] [--density 8] [--write-mib 1024] [--quick] [--json]
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import time
 from dataclasses import replace
 
 from benchmarks.common import percentile
+from benchmarks.sandbox_density import measure_density
 from hpc.images.hostroot import build_host_rootfs
 from hpc.sandbox.base import (
     AGENT_GID,
@@ -368,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=None, help="wall-clock budget of (b) in seconds "
                                                                  "(default 300; --quick 16)")
     ap.add_argument("--image-mb", type=int, default=None, help="least image size in MiB (default 300; --quick 20)")
+    ap.add_argument("--density", type=int, default=None, help="sandboxes at once in (c) (default 8; --quick 2)")
+    ap.add_argument("--write-mib", type=int, default=None, help="MiB each writes to its work tree in (c) "
+                                                                "(default 1024; --quick 64)")
     ap.add_argument("--quick", action="store_true", help="tiny settings, for tests")
     ap.add_argument("--json", action="store_true", help="end with one JSON object of the figures")
     args = ap.parse_args(argv)
@@ -376,6 +384,10 @@ def main(argv: list[str] | None = None) -> int:
     concurrency = _parse_concurrency(ap, args.concurrency or ("1,2" if q else "1,8,32"))
     budget_s = args.budget_s if args.budget_s is not None else (16.0 if q else 300.0)
     image_mib = args.image_mb if args.image_mb is not None else (20 if q else 300)
+    density = args.density if args.density is not None else (2 if q else 8)
+    write_mib = args.write_mib if args.write_mib is not None else (64 if q else 1024)
+    if density < 1 or write_mib < 1:
+        ap.error(f"--density and --write-mib must be at least 1, got {density} and {write_mib}")
     if rounds < 1:
         ap.error(f"--rounds must be at least 1, got {rounds}")
     if not budget_s > 0:
@@ -433,6 +445,11 @@ def main(argv: list[str] | None = None) -> int:
             hr = f"{row['hardening_ratio']:.2f}" if row["hardening_ratio"] is not None else "-"
             log(f"{row['concurrency']:>11}{f:>15}{b:>15}{rt:>8}{u:>12}{hr:>17}")
         log("skipped: " + ("; ".join(skipped) if skipped else "nothing"))
+
+        log(f"\n(c) density: {density} sandboxes at once at Harbor's defaults (1 CPU, 2 GiB, 10 GiB storage), "
+            f"each writing {write_mib} MiB to its work tree, then its tests")
+        dense = measure_density(os.path.join(scratch, "density"), str(_make_repo(Path(scratch) / "density-repo")),
+                                density, write_mib, log)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     log("baseline: mini-swe-agent's Singularity backend builds a --sandbox directory per rollout; emulated as "
@@ -440,7 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"benchmark": "sandbox", "dir": str(base), "cpus": os.cpu_count(), "quick": q,
                           "image": {k: image[k] for k in ("path", "bytes", "mib", "entries", "cached")},
-                          "ready": ready, "throughput": rows, "budget_s": budget_s, "skipped": skipped}))
+                          "ready": ready, "throughput": rows, "budget_s": budget_s, "skipped": skipped,
+                          "density": dense}))
     return 0
 
 

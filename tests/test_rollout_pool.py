@@ -206,3 +206,68 @@ def test_the_pool_samples_at_the_temperature_the_trainer_computes_log_probs_at(r
     r = subprocess.run([sys.executable, "-m", "agentrl.cli", "pool", str(run.root), "--config", str(bad)],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 2 and "differs from train.rollout_temperature" in r.stderr, r.stderr
+
+
+# What a policy under training may do to its own sandbox, one cause per attempt (the task's limits below)
+BREAKS = {
+    "storage": "python3 -c \"import os\nf = open('big', 'wb')\nwhile True: f.write(os.urandom(1 << 20))\"",
+    "memory": "python3 -c \"b = bytearray(400 << 20); b[::4096] = b'x' * len(b[::4096])\"",
+    "pids": "python3 -c \"import subprocess\nfor _ in range(200): subprocess.Popen(['sleep', '60'])\"",
+    "time": "sleep 60",
+}
+
+
+def test_what_the_agent_breaks_is_its_outcome_trained_at_reward_0_and_never_retried(run, tiny_model, tmp_path):
+    """Each limit the agent runs into ends its attempt as its own outcome: committed on the first try, its
+    samples trained at reward 0, the limit named in their metadata and the trace. The disk filled to the
+    last byte even breaks taking the patch (the grader's baseline lives on that disk), which used to be
+    an infrastructure failure, retried until its bound."""
+    from hpc.images.hostroot import build_host_rootfs
+    build_host_rootfs(tmp_path / "rootfs")          # an image: its own layer is on the sandbox's disk too
+    config = run.manifest().config
+    train, pool = load_train_config(config["train"]), load_pool_config(
+        {**config["pool"], "max_agents": 1, "agent_timeout_s": 10})
+    (tmp_path / "scratch").mkdir()
+    record = json.loads(Path(train.prompt_data).read_text())
+    record["metadata"].update(image=str(tmp_path / "rootfs"),
+                              resources={"cpus": 1.0, "mem_mb": 256, "pids": 64, "storage_mb": 48})
+    Path(train.prompt_data).write_text(json.dumps(record) + "\n")
+    causes = list(BREAKS)
+
+    def choose(request):
+        text = upstream.tokenizer.decode(request["input_ids"])
+        if "<tool_response>" in text:
+            return DONE
+        command = BREAKS[causes.pop(0)]
+        return {**CALL, "tool_calls": [{**CALL["tool_calls"][0], "function": {"name": "bash",
+                                                                             "arguments": {"command": command}}}]}
+    with ScriptedUpstream(tiny_model) as upstream:
+        upstream.push(*[choose] * 8)
+        Registry(run.services_dir).register("inference", 0, host="127.0.0.1", port=int(upstream.url.rsplit(":", 1)[1]))
+        ledger = Ledger(run.ledger_dir)
+        open_rollout(ledger, PromptSource(load_prompt_rows(train.prompt_data), rollout_batch_size=1), 0,
+                     attempts=len(BREAKS), temperature=train.rollout_temperature)
+
+        async def go():
+            stop = asyncio.Event()
+            serving = asyncio.create_task(PoolWorker(run, pool, train.model, train.prompt_data).serve(stop))
+            for _ in range(1200):
+                if ledger.status(0).committed == len(BREAKS) or serving.done():
+                    break
+                await asyncio.sleep(0.1)
+            stop.set()
+            return await serving
+        counts = asyncio.run(go())
+    assert counts["committed"] == len(BREAKS) and not counts["infra_failures"] and not counts["errors"], counts
+    assert all(c.try_index == 0 for c in ledger.commits(0).values())
+    samples = read_rollout(ledger, run.buffer_dir, 0, SAMPLE_CODEC)[0]
+    by_attempt = {s.attempt: s for s in samples}
+    assert sorted(s.metadata.limits for s in by_attempt.values()) == sorted((c,) for c in BREAKS)
+    for s in samples:
+        assert s.reward == 0.0 and s.loss_mask.sum() > 0          # trained, as any failed attempt
+    for g, a in ledger.commits(0):
+        trace = read_record(trace_path(run.trajectories_dir, Claim(0, g, a, ledger.current_generation(0), 0)),
+                            AttemptTrace)
+        assert tuple(trace.limits) == by_attempt[a].metadata.limits
+        if trace.limits == ["storage"]:       # the patch could not be taken: the grade says why
+            assert "taking the patch failed at the sandbox's storage limit" in trace.grade.output.text

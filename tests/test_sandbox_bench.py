@@ -76,6 +76,15 @@ def test_quick_run_reports_figures_beside_baselines(runnable, tmp_path):
             assert row["ratio"] is None
         if row["figure"] and row["unhardened"]:
             assert row["hardening_ratio"] == _approx(row["figure"]["cycles_per_s"] / row["unhardened"]["cycles_per_s"])
+    # (c) density: the same sandboxes on a disk image and on tmpfs, in one run
+    dense = out["density"]
+    fig, base = dense["figure"], dense["baseline"]
+    assert "(c) density" in p.stdout and dense["count"] == 2 and dense["write_mib"] == 64
+    assert fig["ok"] == base["ok"] == 2 and fig["backing"] == ["disk"] and base["backing"] == ["tmpfs"]
+    assert base["ram_after_mib"] - base["ram_before_mib"] >= 60      # tmpfs: what was written is RAM held...
+    assert fig["ram_growth"] <= 1.1 and fig["disk_mib"] >= 60        # ...a disk image holds it on disk
+    assert dense["ram_ratio"] == _approx(fig["ram_after_mib"] / base["ram_after_mib"]) and dense["meets_target"]
+    assert fig["holds"] == min(fig["holds_by_ram"], fig["holds_by_disk"]) and base["holds"] == base["holds_by_ram"]
     # Nothing is left mounted or running.
     assert str(tmp_path) not in Path("/proc/mounts").read_text()
     assert not [d for d in tmp_path.iterdir() if d.name.startswith("run-")]
@@ -88,6 +97,7 @@ def test_quick_run_reports_figures_beside_baselines(runnable, tmp_path):
     (["--budget-s", "0"], "--budget-s must be positive"),
     (["--image-mb", "100"], "--image-mb must be at least 300"),
     (["--dir", "/nonexistent/sandbox-bench"], "is not a directory"),
+    (["--density", "0"], "--density and --write-mib must be at least 1"),
 ])
 def test_bad_arguments_are_refused(args, message):
     p = subprocess.run([*BENCH, *args], capture_output=True, text=True, timeout=60, cwd=ROOT)

@@ -81,6 +81,9 @@ def test_limits_validate_and_size_tmp():
     assert Limits().tmp_bytes == 1024 << 20 and Limits(tmp_mb=10).tmp_bytes == 10 << 20
     with pytest.raises(ValueError, match="memory_mb must be positive"):
         Limits(memory_mb=0)
+    assert Limits(memory_mb=64).tmp_bytes == 32 << 20      # /tmp is RAM: half the memory, never all of it
+    with pytest.raises(ValueError, match=r"tmp_mb \(512\) must be below memory_mb \(512\)"):
+        Limits(memory_mb=512, tmp_mb=512)
     assert cgroup_v1_settings(Limits(memory_mb=1, pids=5, cpus=1.5)) == {
         "memory": {"memory.limit_in_bytes": str(1 << 20)}, "pids": {"pids.max": "5"},
         "cpu": {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "150000"}}

@@ -174,3 +174,30 @@ def test_bytecode_never_travels_in_a_patch_nor_survives_a_restore(roman, tmp_pat
     # Same-sandbox grading's restore: what the agent added is gone, the shipped pyc is the task's again.
     assert sorted(left.split()) == [b"./roman/__pycache__", b"./roman/__pycache__/convert.cpython-311.pyc"]
     assert (pyc, data) == (shipped, b"\x00\x02")
+
+
+def test_same_sandbox_grading_moves_to_a_fresh_sandbox_when_the_agent_left_its_own_unusable(roman):
+    """The agent's junk holds its sandbox's memory (a tmpfs disk, the fallback): the verifier would
+    be killed there, so the patch is graded in a fresh sandbox, as isolated grading does."""
+    from hpc.sandbox.policy import Limits
+    repo = BUNDLED_TASKS / "roman-subtractive/environment/repo"
+    fresh_ones = []
+
+    def fresh():
+        fresh_ones.append(BwrapSandbox(SandboxSpec(workdir_source=str(repo))))
+        return fresh_ones[-1]
+
+    async def go():
+        async with BwrapSandbox(SandboxSpec(workdir_source=str(repo), storage="tmpfs",
+                                            limits=Limits(memory_mb=256, storage_mb=1024))) as sb:
+            await episode.baseline(sb, roman.spec, restorable=True)
+            await sb.write_file("/solution/solve.sh", roman.solution, mode=0o755)
+            await episode.run_agent(sb, roman.spec, "bash /solution/solve.sh")
+            usable = await episode.unusable(sb)
+            diff = await episode.patch(sb, roman.spec)      # (once the memory is held, even git is killed)
+            await episode.run_agent(sb, roman.spec, "head -c 640M /dev/zero > /home/agent/junk")
+            why = await episode.unusable(sb)
+            return usable, why, await episode.grade_attempt(roman, roman.spec, sb, diff, "same", fresh)
+    usable, why, grade = run(go())
+    assert usable is None and why == "it is at its memory limit"
+    assert len(fresh_ones) == 1 and grade.reward == 1.0, grade.output[-500:]

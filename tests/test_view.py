@@ -30,7 +30,7 @@ HOSTILE = "<script>window.__pwned = 1</script></textarea><img src=x onerror=\"wi
 def run(tmp_path):
     """rollout 0: two groups of two attempts, one forked into two samples, one branched; all committed."""
     layout = new_run(tmp_path / "run")
-    scripts = {(0, 0): Script("alpha"), (0, 1): Script("alpha", reward=0.0, patch=""),
+    scripts = {(0, 0): Script("alpha"), (0, 1): Script("alpha", reward=0.0, patch="", limits=("memory",)),
                (1, 0): Script("beta", fork=True), (1, 1): Script("beta", reward=0.0, retry=True)}
     make_rollout(layout, 0, scripts, TOKENIZER.encode)
     return layout
@@ -116,7 +116,9 @@ def test_the_site_has_an_index_a_listing_and_a_page_per_attempt(run, tmp_path):
     assert "Sample 2 of 2" in forked and "fork: this sample" in forked
     branched = (out / "rollout_0" / "1-1.html").read_text()
     assert "a branch: this chain shares its first turns" in branched and "trained in an earlier sample" in branched
-    assert "Empty: the agent changed nothing." in (out / "rollout_0" / "0-1.html").read_text()
+    limited = (out / "rollout_0" / "0-1.html").read_text()
+    assert "Empty: the agent changed nothing." in limited and '<span class="bad">limit: memory</span>' in limited
+    assert listing.count("limit: memory") == 1 and "limit: memory" not in page
     # nothing from the network: every link and script is a relative file of the site
     for html in (index, listing, page):
         assert not re.search(r'(src|href)="(https?:)?//', html)

@@ -62,6 +62,7 @@ class Script:
     fork: bool = False
     retry: bool = False         # the last call again, answered otherwise: a branch (a second sample sharing the trunk)
     weight_version: int = 3
+    limits: tuple[str, ...] = ()   # the sandbox limits it ran into
 
 
 def chatml(role: str, text: str) -> str:
@@ -99,7 +100,7 @@ def commit_attempt(run: RunLayout, ledger: Ledger, claim: Claim, script: Script,
     metadata = AttemptMetadata(
         harness="builtin", task=script.task, exit_code=0, agent_timed_out=False,
         empty_patch=EmptyPatchClass.NOT_TRIGGERED if patch else EmptyPatchClass.NO_FINAL_TEXT,
-        patch_bytes=len(patch), turns=tree.turns, branches=tree.branches,
+        patch_bytes=len(patch), limits=script.limits, turns=tree.turns, branches=tree.branches,
         drift={d.value: n for d, n in tree.counts.items()}, tool_calls=1, boot_s=0.5, agent_s=2.0, grade_s=0.25)
     samples = [c.to_sample(reward=script.reward, group_index=claim.group, attempt=claim.attempt, metadata=metadata)
                for c in chains]

@@ -9,6 +9,7 @@ declare -A pkg=(
   [sbatch]=slurm-client [slurmctld]=slurmctld [slurmd]=slurmd
   [munged]=munge [mungekey]=munge
   [bwrap]=bubblewrap
+  [mkfs.ext4]=e2fsprogs [losetup]=mount       # the sandboxes' disk images (hpc/sandbox/storage.py)
   [mpirun]=openmpi-bin [mpicc]=libopenmpi-dev
   [shellcheck]=shellcheck
   [buildah]=buildah [skopeo]=skopeo [docker-registry]=docker-registry [ch-image]=charliecloud-builders

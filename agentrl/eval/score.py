@@ -51,7 +51,7 @@ from .config import EvalConfig
 
 log = logging.getLogger("agentrl.eval")
 RESULT_KEYS = ("task", "attempt", "reward", "exit_code", "agent_timed_out", "empty_patch", "patch_bytes", "turns",
-               "tool_calls")
+               "tool_calls", "limits")
 
 
 def attempt_seed(seed: int, task: str, attempt: int) -> int:
@@ -162,7 +162,7 @@ class CheckpointEval:
         result = {"task": name, "attempt": claim.attempt, "reward": outcome.reward, "exit_code": md.exit_code,
                   "agent_timed_out": md.agent_timed_out,
                   "empty_patch": md.empty_patch.value if md.empty_patch else None, "patch_bytes": md.patch_bytes,
-                  "turns": md.turns, "tool_calls": md.tool_calls, "timings": outcome.timings}
+                  "turns": md.turns, "tool_calls": md.tool_calls, "limits": list(md.limits), "timings": outcome.timings}
         ref = f"attempts/{claim.group}-{claim.attempt}-{claim.try_index}.json"
         await asyncio.to_thread(write_new, self.out / ref, json.dumps(result).encode())
         await asyncio.to_thread(write_trace, trace_path(self.out / "trajectories", claim, per_rollout=False), claim,
@@ -182,6 +182,8 @@ class CheckpointEval:
         """results.jsonl and summary.json from the committed attempts (the summary last)."""
         st = ledger.status(0)
         results = [json.loads((self.out / c.ref).read_text()) for _, c in sorted(ledger.commits(0).items())]
+        for r in results:
+            r.setdefault("limits", [])      # an attempt evaluated before limits were recorded
         lines = [json.dumps({k: r[k] for k in RESULT_KEYS}, sort_keys=True)
                  for r in sorted(results, key=lambda r: (r["task"], r["attempt"]))]
         write_atomic(self.out / "results.jsonl", ("\n".join(lines) + "\n").encode())

@@ -3,7 +3,10 @@
 Failures split in two. An infrastructure failure (the sandbox did not boot, the model server was
 down, the grader crashed) raises `InfraError`: the pool fails the claim and the ledger retries the
 attempt within its bound; it is never trained as reward 0. An agent failure (an empty patch, failing
-tests, a crashed agent) is a real outcome: its samples carry the real reward.
+tests, a crashed agent) is a real outcome: its samples carry the real reward. So is a sandbox the
+agent broke: a command or the sandbox itself failing at one of its limits (memory, pids, its disk,
+/tmp; hpc.sandbox.usage reads the kernel's counters) ends the attempt with reward 0, the limits
+named in its metadata (`limits`, beside "time" for an agent stopped at its time limit).
 
 Timing: `on_span(name, start, end)` (time.monotonic seconds), if given, hears each of ATTEMPT_SPANS
 as it ends (of an attempt that raises, those before). boot, agent and grade start before their bound
@@ -28,6 +31,7 @@ from typing import Any
 from hpc.images.cache import ImageCache
 from hpc.sandbox.base import ExecResult, SandboxError
 from hpc.sandbox.cgroups import unenforced_message
+from hpc.sandbox.storage import fallback_message
 
 from ..adapter.service import Adapter
 from ..adapter.trajectory import TurnSpan
@@ -109,7 +113,7 @@ async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt
                                       scratch_dir=str(cfg.scratch_dir) if cfg.scratch_dir else None,
                                       adapter_socket=ctx.adapter_socket,
                                       ro_binds={str(ctx.tools_dir): TOOLS_IN_SANDBOX},
-                                      allow_unsafe_local=cfg.allow_unsafe_local)
+                                      allow_unsafe_local=cfg.allow_unsafe_local, storage=cfg.sandbox_storage)
                     await stack.enter_async_context(sb)
                     _report_limits(ctx, sb)
                     await episode.baseline(sb, spec, restorable=cfg.grading == "same")
@@ -130,19 +134,30 @@ async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt
                 on_span("agent_queue", t1, time.monotonic())
                 for path, data in command.files.items():
                     await sb.write_file(path, data, user="agent")
-                run = await episode.run_agent(sb, spec, command.argv, env=command.env)
+                try:
+                    run = await episode.run_agent(sb, spec, command.argv, env=command.env)
+                except SandboxError as e:
+                    run = await _broken_by_agent(sb, e, "the agent's turn", t1)
             timings["agent_s"] = _span(on_span, "agent", t1)
             trajectory = harness.read_trajectory(run.stdout, run.stderr)
+            limits = await episode.limits_hit(sb) + (("time",) if run.timed_out else ())
 
             t2 = time.monotonic()
             async with ctx.boot:
                 on_span("grade_queue", t2, time.monotonic())
                 try:
                     diff = await episode.patch(sb, spec)
-                    grade = await _grade(ctx, task, spec, sb, diff, work)
+                except SandboxError as e:
+                    diff = None         # what the agent left could not be read: it broke its own sandbox
+                    grade = episode.Grade(0.0, -1, (await _broken_by_agent(sb, e, "taking the patch", t2)).stderr,
+                                          time.monotonic() - t2, False)
+                try:
+                    if diff is not None:
+                        grade = await _grade(ctx, task, spec, sb, diff, work)
                 except SandboxError as e:
                     raise InfraError(f"grading: {e}") from None
             timings["grade_s"] = _span(on_span, "grade", t2)
+            limits = tuple(dict.fromkeys((*limits, *await episode.limits_hit(sb), *grade.limits)))
             t3 = time.monotonic()
         _span(on_span, "teardown", t3)     # the stack's exit: the agent's sandbox stopped
 
@@ -157,17 +172,18 @@ async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt
         if run.exit_code != 0 and (stats.get("upstream_errors") or stats.get("upstream_aborts")):
             raise InfraError(f"the agent exited {run.exit_code} after {stats.get('upstream_errors', 0)} model-server "
                              f"errors: the model server, not the agent, failed")
-        empty = classify_empty_patch(run.exit_code, not diff.strip(), trajectory)
-        if decide(cfg.empty_patch_policy, empty) == "retry":
+        empty = classify_empty_patch(run.exit_code, not (diff or b"").strip(), trajectory)
+        if decide(cfg.empty_patch_policy, empty) == "retry" and diff is not None:
             raise InfraError(f"empty patch ({empty.value}) and empty_patch_policy=abort")
         metadata = AttemptMetadata(
             harness=cfg.harness, task=spec.instance_id, exit_code=run.exit_code, agent_timed_out=run.timed_out,
-            empty_patch=empty, patch_bytes=len(diff), drift=stats["drift"], branches=stats["branches"],
+            empty_patch=empty, patch_bytes=len(diff or b""), limits=limits, drift=stats["drift"],
+            branches=stats["branches"],
             turns=stats["turns"], tool_calls=trajectory.tool_calls, boot_s=round(timings["boot_s"], 3),
             agent_s=round(timings["agent_s"], 3), grade_s=round(timings["grade_s"], 3))
         samples = [chain.to_sample(reward=grade.reward, group_index=group, attempt=attempt, metadata=metadata)
                    for chain in finished.chains]
-        return AttemptOutcome(samples, grade.reward, metadata, timings, patch=diff, grade=grade, agent=run,
+        return AttemptOutcome(samples, grade.reward, metadata, timings, patch=diff or b"", grade=grade, agent=run,
                               trajectory=trajectory, spans=[chain.spans for chain in finished.chains])
     finally:
         if key is not None:
@@ -182,10 +198,27 @@ def _span(on_span: SpanSink, name: str, start: float) -> float:
     return end - start
 
 
+async def _broken_by_agent(sb, error: SandboxError, during: str, t0: float) -> ExecResult:
+    """A sandbox that failed under the agent: its outcome if one of its limits was hit (the agent's
+    processes filled its disk, took its memory or its pids), as the process result that says so;
+    otherwise an infrastructure failure (InfraError, retried)."""
+    hit = await episode.limits_hit(sb)
+    if not hit:
+        raise InfraError(f"sandbox, during {during}: {error}") from None
+    log.info("the agent ran into its sandbox's %s limit (%s): an outcome, reward 0", ", ".join(hit), error)
+    return ExecResult(-9, b"", f"[agentrl] {during} failed at the sandbox's {', '.join(hit)} limit: {error}".encode(),
+                      time.monotonic() - t0)
+
+
 def _report_limits(ctx: PoolContext, sb) -> None:
+    if ctx.limits_reported:
+        return
     unenforced = getattr(sb, "unenforced", None)
-    if not ctx.limits_reported and unenforced:
+    if unenforced:
         log.warning(unenforced_message(unenforced))
+    why = (getattr(sb, "storage", None) or {}).get("why")
+    if why and (getattr(sb, "storage", None) or {}).get("backing") == "tmpfs":
+        log.warning(fallback_message(why))
     ctx.limits_reported = True
 
 
@@ -195,5 +228,5 @@ async def _grade(ctx: PoolContext, task: LoadedTask, spec, sb, diff: bytes, work
         repo = materialize(task.testbed, work / f"fresh-{secrets.token_hex(3)}") if task.testbed else None
         return task_sandbox(spec, runtime=ctx.cfg.runtime, cache=ctx.cache, workdir_source=repo,
                             scratch_dir=str(ctx.cfg.scratch_dir) if ctx.cfg.scratch_dir else None,
-                            allow_unsafe_local=ctx.cfg.allow_unsafe_local)
+                            allow_unsafe_local=ctx.cfg.allow_unsafe_local, storage=ctx.cfg.sandbox_storage)
     return await grade_attempt(task, spec, sb, diff, ctx.cfg.grading, fresh)

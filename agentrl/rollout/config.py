@@ -23,6 +23,9 @@ class PoolConfig(BaseModel):
     allow_unsafe_local: bool = False
     image_cache: Path | None = None               # where `agentrl images build` put the task images
     scratch_dir: Path | None = None               # node-local disk for sandbox layers
+    # what holds a sandbox's writable layers and HOME, sized to the task's storage_mb (docs/sandbox.md):
+    # auto: a disk image on scratch_dir where the node has loop devices, else tmpfs (RAM), said once
+    sandbox_storage: Literal["auto", "disk", "tmpfs"] = "auto"
     tools_dir: Path | None = None     # host tools dir (harness installs); default ~/.cache/agentrl/tools
     max_agents: int = Field(default=4, gt=0)      # agents running at once
     max_booting: int = Field(default=2, gt=0)     # sandboxes booting and grading at once

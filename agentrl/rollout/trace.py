@@ -81,6 +81,7 @@ class AttemptTrace(Record):
     attempt: int
     try_index: int
     task: str | None = None
+    limits: list[str] = []                 # the sandbox limits the attempt ran into (AttemptMetadata.limits)
     patch: Text
     grade: GradeTrace | None = None
     agent: AgentTrace | None = None
@@ -114,7 +115,8 @@ def attempt_trace(claim: Claim, outcome: AttemptOutcome) -> AttemptTrace:
     grade, agent, harness = outcome.grade, outcome.agent, outcome.trajectory
     return AttemptTrace(
         rollout_id=claim.rollout_id, generation=claim.generation, group=claim.group, attempt=claim.attempt,
-        try_index=claim.try_index, task=outcome.metadata.task, patch=head(outcome.patch, PATCH_LIMIT),
+        try_index=claim.try_index, task=outcome.metadata.task, limits=list(outcome.metadata.limits),
+        patch=head(outcome.patch, PATCH_LIMIT),
         grade=None if grade is None else GradeTrace(
             reward=grade.reward, exit_code=grade.exit_code, output=tail(grade.output, OUTPUT_LIMIT),
             duration_s=grade.duration_s, timed_out=grade.timed_out),

@@ -51,6 +51,34 @@ class Grade:
     output: bytes
     duration_s: float
     timed_out: bool
+    limits: tuple[str, ...] = ()     # the grading sandbox's limits its run (the patch's code) ran into
+
+
+async def limits_hit(sb: Sandbox) -> tuple[str, ...]:
+    """The limits the sandbox's processes ran into so far (hpc.sandbox.usage; () where not measured)."""
+    usage = await sb.usage()
+    return usage.limits_hit() if usage is not None else ()
+
+
+async def unusable(sb: Sandbox) -> str | None:
+    """Why grading could not run in `sb` now (dead, its disk or /tmp full, its memory held), or None."""
+    usage = await sb.usage()
+    if usage is None:
+        return None
+    if not usage.alive:
+        return "it is gone"
+    at = usage.exhausted()
+    return f"it is at its {', '.join(at)} limit" if at else None
+
+
+async def _limited(sb: Sandbox, error: SandboxError, t0: float) -> Grade:
+    """The grade of a grading that failed: 0 if the grading sandbox ran into a limit (the patch's doing),
+    else the failure stays an infrastructure one (re-raised)."""
+    hit = await limits_hit(sb)
+    if not hit:
+        raise error
+    note = f"\n[agentrl] grading ran into the sandbox's {', '.join(hit)} limit: {error}".encode()
+    return Grade(0.0, -1, note, time.monotonic() - t0, False, limits=hit)
 
 
 def _git(workdir: str, *args: str) -> list[str]:
@@ -187,13 +215,22 @@ async def grade_attempt(task: LoadedTask, spec: TaskSpec, sb: Sandbox, diff: byt
     `sb`, first restored to the baseline and the patch (`baseline(restorable=True)`); "isolated"
     applies the agent's patch `diff` to `fresh()` (an unstarted sandbox of the task)
     and grades there, so nothing the agent left in its sandbox (a root-capable agent could have
-    tampered with the grader) is trusted."""
-    if grading == "same":
-        await restore(sb, spec, diff)
-        return await grade(sb, spec, task.tests, env=task.verifier_env)
-    if grading != "isolated":
+    tampered with the grader) is trusted. "same" falls back to "isolated" where the agent left its
+    sandbox unusable (`unusable`). A grading that fails because its sandbox ran into a limit (the
+    patch's code filled the disk, say) grades 0; any other failure raises SandboxError."""
+    if grading not in GRADINGS:
         raise ValueError(f"grading must be one of {', '.join(GRADINGS)}, got {grading!r}")
+    t0 = time.monotonic()
+    if grading == "same" and await unusable(sb) is None:
+        try:
+            await restore(sb, spec, diff)
+            return await grade(sb, spec, task.tests, env=task.verifier_env)
+        except SandboxError as e:
+            return await _limited(sb, e, t0)
     async with fresh() as clean:
         await baseline(clean, spec)
-        await apply_patch(clean, spec, diff)
-        return await grade(clean, spec, task.tests, env=task.verifier_env)
+        try:
+            await apply_patch(clean, spec, diff)
+            return await grade(clean, spec, task.tests, env=task.verifier_env)
+        except SandboxError as e:
+            return await _limited(clean, e, t0)

@@ -82,13 +82,14 @@ def task_sandbox(spec: TaskSpec, *, runtime: Runtime = "bwrap", cache: ImageCach
                  workdir_source: Path | str | None = None, scratch_dir: str | None = None,
                  env: Mapping[str, str] | None = None, adapter_socket: str | None = None,
                  ro_binds: Mapping[str, str] | None = None, allow_unsafe_local: bool = False,
-                 fakeroot: bool = False) -> Sandbox:
+                 fakeroot: bool = False, storage: str = "auto") -> Sandbox:
     """The (unstarted) sandbox for one attempt at `spec`."""
     image, image_env, layers = _resolve(spec.image, runtime, cache)
     sb_spec = SandboxSpec(workdir=spec.workdir, workdir_source=str(workdir_source) if workdir_source else None,
                           rootfs=image if runtime == "bwrap" and not layers else None, rootfs_layers=layers,
                           image_env=image_env, env=dict(env or {}),
                           ro_binds=dict(ro_binds or {}), adapter_socket=adapter_socket, scratch_dir=scratch_dir,
+                          storage=storage,
                           limits=sandbox_limits(spec.resources), root_dirs=GRADER_DIRS)
     return make_sandbox(runtime, sb_spec, image=image if runtime == "apptainer" else None,
                         allow_unsafe_local=allow_unsafe_local, fakeroot=fakeroot)

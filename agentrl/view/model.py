@@ -61,6 +61,7 @@ class AttemptRow:
     agent_timed_out: bool | None = None
     empty_patch: str | None = None
     patch_bytes: int | None = None
+    limits: tuple[str, ...] = ()        # the sandbox limits it ran into ("limit: memory" on its page)
     turns: int | None = None
     tool_calls: int | None = None
     samples: int | None = None
@@ -77,7 +78,7 @@ class AttemptRow:
     def from_json(cls, data: dict[str, Any]) -> AttemptRow:
         versions = data.get("weight_versions")
         return cls(**{**data, "weight_versions": tuple(versions) if versions else None,
-                      "problems": tuple(data.get("problems", ()))})
+                      "limits": tuple(data.get("limits", ())), "problems": tuple(data.get("problems", ()))})
 
 
 @dataclass
@@ -112,6 +113,7 @@ def attempt_row(a: Attempt) -> AttemptRow:
         task=pick("task") or (a.trace.task if a.trace else None), reward=reward, harness=pick("harness"),
         exit_code=pick("exit_code"), agent_timed_out=pick("agent_timed_out"),
         empty_patch=getattr(empty, "value", empty), patch_bytes=pick("patch_bytes"), turns=pick("turns"),
+        limits=tuple(pick("limits") or (a.trace.limits if a.trace else ())),
         tool_calls=pick("tool_calls"), samples=len(a.samples) if a.samples else None,
         trained_tokens=sum(tokens) if tokens else None,
         weight_versions=(min(versions), max(versions)) if versions else None,

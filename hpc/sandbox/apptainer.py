@@ -62,6 +62,7 @@ from .base import (
 from .layers import Layer, make_layer
 from .policy import dropped_capabilities, oci_seccomp_profile
 from .scratch import make_scratch, reap_abandoned
+from .usage import Usage
 
 FORWARDER_IN_SANDBOX = "/run/agentrl/forwarder.py"
 FORWARDER_HOST = str(Path(__file__).with_name("forwarder.py"))
@@ -157,13 +158,15 @@ def tool_env() -> dict[str, str]:
 
 class ApptainerSandbox(SandboxContext):
     def __init__(self, spec: SandboxSpec, image: str, *, fakeroot: bool = False, apptainer: str = "apptainer",
-                 overlay_mib: int = OVERLAY_MIB):
+                 overlay_mib: int | None = None):
         if not image:
             raise ValueError("the apptainer runtime needs an image: a SIF file or a sandbox directory")
         if not os.path.exists(image):
             raise ValueError(f"apptainer image {image} does not exist (build it with hpc.images first)")
         self.spec, self.image, self.fakeroot = spec, image, fakeroot
-        self.apptainer, self.overlay_mib = apptainer, overlay_mib
+        # The overlay image is the sandbox's disk: writing past the task's storage_mb there is ENOSPC
+        self.apptainer = apptainer
+        self.overlay_mib = overlay_mib or spec.limits.storage_mb or OVERLAY_MIB
         self.name = f"agentrl-{uuid.uuid4().hex[:12]}"     # instance names are per user: make them unique
         self.instance_pid: int | None = None
         self._exe: str | None = None
@@ -281,6 +284,18 @@ class ApptainerSandbox(SandboxContext):
             return await run_process(argv, env=tool_env(), stdin=stdin, timeout_s=timeout_s)
         finally:
             os.unlink(env_path)
+
+    async def usage(self) -> Usage | None:
+        """Its overlay (the image's writable layer) and /tmp as statvfs sees them from inside; its
+        memory and pids are the node's (Slurm's cgroup of the job step), not measured here."""
+        try:
+            r = await self.exec(["stat", "-f", "-c", "%b %a %S", "/", "/tmp"], user="root", cwd="/", timeout_s=30)
+            (disk_blocks, disk_free, disk_bs), (tmp_blocks, tmp_free, tmp_bs) = (
+                map(int, line.split()) for line in r.stdout.decode().splitlines()[:2])
+        except (SandboxError, ValueError):
+            return None
+        return Usage(disk_backing="disk", disk_size=disk_blocks * disk_bs, disk_free=disk_free * disk_bs,
+                     tmp_size=tmp_blocks * tmp_bs, tmp_free=tmp_free * tmp_bs)
 
     async def kill_processes(self) -> int:
         """Every process of the instance but its init: `kill -9 -1` from inside, in its pid namespace."""

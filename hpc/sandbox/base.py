@@ -10,6 +10,7 @@ from typing import Protocol
 
 from ..procs import group_alive, kill_group
 from .policy import Limits
+from .usage import Usage
 
 AGENT_UID = 1000
 AGENT_GID = 1000
@@ -55,6 +56,9 @@ class SandboxSpec:
     adapter_socket: str | None = None
     adapter_port: int = 8000
     scratch_dir: str | None = None   # node-local disk for the writable layer (default: a temp dir)
+    # What holds the writable layers and HOME, sized to limits.storage_mb (hpc.sandbox.storage):
+    # "auto" (a disk image where the node can, else tmpfs), "disk" or "tmpfs".
+    storage: str = "auto"
     limits: Limits = field(default_factory=Limits)
     # Directories the sandbox's root must own in an image (whose files belong to host uids the
     # sandbox does not map, so its root may not write them): made if missing, handed to that root.
@@ -73,6 +77,8 @@ class Sandbox(Protocol):
     async def read_file(self, path: str, *, user: str = "root") -> bytes: ...
 
     async def kill_processes(self) -> int: ...
+
+    async def usage(self) -> Usage | None: ...     # None: this runtime does not measure it
 
     async def stop(self) -> None: ...
 

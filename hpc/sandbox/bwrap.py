@@ -45,6 +45,8 @@ from .base import (
 from .bwrap_args import bwrap_argv, mount_points, write_minimal_etc
 from .forkserver import fork_server
 from .scratch import make_scratch, reap_abandoned
+from .storage import check_mode
+from .usage import Usage, dead
 
 SUPERVISOR_PYTHON = "/usr/bin/python3"   # Debian's, where python3-seccomp installs libseccomp's binding
 _DRAIN_S = 2.0        # after a command exits, how long its output may still trickle in
@@ -58,6 +60,9 @@ class BwrapSandbox(SandboxContext):
         self.init_pid: int | None = None
         self.uid_base: int | None = None
         self.unenforced: dict[str, str] = {}
+        # what holds its writable layers and HOME ("disk", "tmpfs", "dir"), and why it is not a disk image
+        self.storage: dict[str, str | None] = {}
+        self._final_usage: Usage | None = None      # read as it died
         self.supervisor_pid: int | None = None
         self._pidfd: int | None = None
         self._sock: socket.socket | None = None
@@ -124,6 +129,7 @@ class BwrapSandbox(SandboxContext):
         return {"bwrap": argv, "disk": str(disk), "layers": layers, "scratch": str(scratch),
                 "image_root": self._image_root(rootfs_host, argv, agent_tree=not spec.workdir_source),
                 "limits": {k: getattr(spec.limits, k) for k in ("cpus", "memory_mb", "storage_mb", "pids")},
+                "storage": check_mode(spec.storage),
                 "forwarder": {"port": spec.adapter_port, "unix": spec.adapter_socket} if spec.adapter_socket else None}
 
     def _image_root(self, root: str | None, argv: list[str], *, agent_tree: bool) -> dict | None:
@@ -156,6 +162,7 @@ class BwrapSandbox(SandboxContext):
         if msg["op"] != "ready":
             raise SandboxError(f"the sandbox did not start: {msg.get('error')}\n{self._supervisor_stderr()}")
         self.init_pid, self.uid_base, self.unenforced = msg["init"], msg["uid_base"], msg["unenforced"]
+        self.storage = msg.get("storage") or {}
         return ours
 
     def _supervisor_stderr(self) -> str:
@@ -190,11 +197,14 @@ class BwrapSandbox(SandboxContext):
                 fut.set_result(msg["code"])
         elif op == "killed":
             self._resolve(msg["id"], msg["count"])
+        elif op == "usage":
+            self._resolve(msg["id"], Usage.from_json(msg["usage"]))
         elif op == "error":
             fut = self._pending.pop(msg.get("id"), None)
             if fut is not None and not fut.done():
                 fut.set_exception(SandboxError(msg["error"]))
         elif op == "died":
+            self._final_usage = Usage.from_json(msg["usage"]) if msg.get("usage") else None
             self._fail_all(f"the sandbox's init exited ({msg['code']})")
 
     def _resolve(self, rid: int, value) -> None:
@@ -294,6 +304,15 @@ class BwrapSandbox(SandboxContext):
     async def kill_processes(self) -> int:
         """Kill every process of the sandbox but its init (a daemon the agent left, say)."""
         return await self._request({"op": "kill_all"})
+
+    async def usage(self) -> Usage | None:
+        """What it has taken of its limits (hpc.sandbox.usage); of a sandbox that died, as it died."""
+        if not self._dead:
+            try:
+                return await self._request({"op": "usage"})
+            except SandboxError:
+                pass
+        return dead(self._final_usage)
 
     async def write_file(self, path: str, data: bytes, *, user: str = "root", mode: int = 0o644) -> None:
         await write_file_via_exec(self, path, data, user=user, mode=mode)

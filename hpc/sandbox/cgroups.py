@@ -17,6 +17,8 @@ from .policy import Limits, cgroup_v1_settings
 
 ROOT = Path("/sys/fs/cgroup")
 PREFIX = "agentrl-sandbox."
+FIGURE_FILES = ("memory.stat", "memory.events", "memory.oom_control", "memory.max", "memory.limit_in_bytes",
+                "pids.events")
 _V1_FILE = {"memory": "memory_mb", "pids": "pids", "cpu": "cpus"}
 _HOW = ("run the pool as root in a cgroup of its own (Slurm: ConstrainRAMSpace/ConstrainCores in "
         "cgroup.conf), with the memory, pids and cpu controllers mounted (v1) or delegated (v2)")
@@ -95,6 +97,17 @@ class Cgroup:
         """Move `pid` (0: the caller) into every controller's cgroup; its children follow."""
         for d in self.dirs:
             (d / "cgroup.procs").write_text(str(pid))
+
+    def files(self) -> dict[str, str]:
+        """The counters hpc.sandbox.usage reads, by file name (those this node has)."""
+        out = {}
+        for d in self.dirs:
+            for name in FIGURE_FILES:
+                try:
+                    out[name] = (d / name).read_text()
+                except OSError:
+                    continue
+        return out
 
     def remove(self, timeout_s: float = 5.0) -> None:
         """rmdir once empty (a killed process leaves its cgroup a moment after it is reaped)."""

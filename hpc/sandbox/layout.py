@@ -1,17 +1,18 @@
 """A bwrap sandbox's file system, built by its supervisor's child in a private mount namespace.
 
 Before the user namespace exists (so with the host root's powers, in a mount namespace no one
-else sees): the sized scratch disk, the overlays of the image and the work tree, the image's
+else sees): the sized disk (hpc.sandbox.storage), the overlays of the image and the work tree, the image's
 root handed to the sandbox's root, and the bind sources staged where that root can reach them.
 Everything here vanishes with the mount namespace, however the sandbox ends.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
-from . import linux
+from . import linux, storage
 from .bwrap_args import BINDS, options
 from .layers import chown_tree
 from .policy import Limits, UidRange
@@ -20,6 +21,7 @@ from .policy import Limits, UidRange
 # above a scratch dir, a tool dir or the adapter's socket: each bind source is bind-mounted first
 # under this directory (a tmpfs in the sandbox's private mount namespace) and bwrap gets that path.
 STAGE_DIR = "/run/agentrl/stage"
+STORAGE_FILE = "storage.json"       # in the scratch directory: what the disk became (mount_storage)
 
 
 def stage_binds(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
@@ -42,8 +44,7 @@ def build_file_system(cfg: dict, uids: UidRange, limits: Limits, staged: list[tu
     linux.mount("none", "/", None, linux.MS_REC | linux.MS_PRIVATE)
     disk = cfg["disk"]
     os.makedirs(disk, exist_ok=True)
-    if limits.storage_mb:
-        linux.mount("tmpfs", disk, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, f"size={limits.storage_mb}m,mode=0755")
+    mount_storage(cfg["scratch"], disk, limits.storage_mb, cfg.get("storage", "auto"))
     for i, layer in enumerate(cfg["layers"]):
         upper, work = f"{disk}/layer{i}/upper", f"{disk}/layer{i}/work"
         os.makedirs(upper)
@@ -62,6 +63,23 @@ def build_file_system(cfg: dict, uids: UidRange, limits: Limits, staged: list[tu
     for source, target in staged:
         os.mkdir(target) if os.path.isdir(source) else open(target, "w").close()
         linux.mount(source, target, None, linux.MS_BIND | linux.MS_REC)
+
+
+def mount_storage(scratch: str, disk: str, storage_mb: int | None, mode: str) -> None:
+    """The disk that holds the writable layers and HOME (hpc.sandbox.storage): a disk image where
+    the node can, else a tmpfs; what it became, and why not a disk image, goes to STORAGE_FILE
+    for the supervisor to report."""
+    backing, why = storage.choose(mode, storage_mb)  # type: ignore[arg-type]
+    if backing == "disk":
+        try:
+            storage.mount_disk_image(scratch, disk, storage_mb or 0)
+        except storage.StorageError as e:
+            if mode == "disk":
+                raise
+            backing, why = "tmpfs", str(e)
+    if backing == "tmpfs":
+        linux.mount("tmpfs", disk, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, f"size={storage_mb}m,mode=0755")
+    Path(scratch, STORAGE_FILE).write_text(json.dumps({"backing": backing, "why": why}))
 
 
 def prepare_image_root(image: dict, uids: UidRange) -> None:

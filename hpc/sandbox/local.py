@@ -79,6 +79,9 @@ class LocalSandbox(SandboxContext):
         return await run_process(as_argv(command), env=full_env, stdin=stdin, timeout_s=timeout_s,
                                  cwd=str(host_cwd))
 
+    async def usage(self) -> None:
+        return None        # the host's own processes and disk: nothing of a sandbox's to measure
+
     async def kill_processes(self) -> int:
         # No pid namespace: each exec's process group is stopped when it returns, and that is all
         # this development-only runtime can do.

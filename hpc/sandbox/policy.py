@@ -130,10 +130,14 @@ class Limits:
             v = getattr(self, name)
             if v is not None and not v > 0:
                 raise ValueError(f"sandbox limit {name} must be positive, got {v!r}")
+        if self.memory_mb and self.tmp_mb and self.tmp_mb >= self.memory_mb:
+            raise ValueError(f"sandbox limit tmp_mb ({self.tmp_mb}) must be below memory_mb ({self.memory_mb}): /tmp "
+                             "is RAM that counts against the memory limit, and a full /tmp would leave its "
+                             "processes nothing. Lower tmp_mb (the default is half of memory_mb)")
 
     @property
     def tmp_bytes(self) -> int:
-        mb = self.tmp_mb or (max(self.memory_mb // 2, 64) if self.memory_mb else 1024)
+        mb = self.tmp_mb or (max(self.memory_mb // 2, 1) if self.memory_mb else 1024)
         return mb << 20
 
 

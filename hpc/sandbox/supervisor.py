@@ -4,7 +4,8 @@
 lives) is a fork server, one per owner process; it forks one supervisor per sandbox, each with a
 SOCK_SEQPACKET control socket from the owner (hpc.sandbox.bwrap). A supervisor:
 
-1. Takes a uid slot (a lock file held for the sandbox's life), makes the sandbox's cgroups.
+1. Takes a uid slot (a lock file held for the sandbox's life), makes the sandbox's cgroups
+   (which its commands join, and neither bwrap nor its init).
 2. Forks the sandbox: a private mount namespace where the sized scratch disk and the overlays
    are mounted, then a user namespace mapping 0..65535 to the slot's host uids, then bwrap,
    whose namespaces that user namespace owns.
@@ -13,7 +14,8 @@ SOCK_SEQPACKET control socket from the owner (hpc.sandbox.bwrap). A supervisor:
    chroot, drop to the user's uid, shrink the capability bounding set, no_new_privs, the
    seccomp filter, exec. Commands are children of no process of the sandbox, yet bound by
    all of it.
-5. Kills every process of the sandbox but its init on request (before a patch is taken).
+5. Kills every process of the sandbox but its init on request (before a patch is taken), and
+   reads what it has taken of its limits (hpc.sandbox.usage) on request and when it dies.
 6. Ends the sandbox on "stop", or when its owner goes (the control socket closes): nothing of
    it (process, mount, cgroup, scratch directory, uid slot) outlives it.
 
@@ -38,8 +40,9 @@ from pathlib import Path
 from . import forwarder, linux
 from .cgroups import PREFIX as CGROUP_PREFIX
 from .cgroups import Cgroup, reap_abandoned
-from .layout import STAGE_DIR, build_file_system, stage_binds
+from .layout import STAGE_DIR, STORAGE_FILE, build_file_system, stage_binds
 from .policy import MAX_SLOTS, ROOT_CAPS, SLOTS_DIR, Limits, UidRange, seccomp_filter
+from .usage import Usage, cgroup_figures
 
 CONTROL_FD = 3
 SUPERVISOR_NAME = "agentrl-sandbox"      # as `ps -o comm` shows them
@@ -99,6 +102,7 @@ class Supervisor:
         self.pidns: int | None = None
         self.spared: set[int] = set()
         self.spawned: set[int] = set()
+        self.storage: dict = {"backing": "", "why": None}
 
     # -- building the sandbox ---------------------------------------------------------------
     def boot(self) -> None:
@@ -137,10 +141,15 @@ class Supervisor:
             self.ns_fds.append((os.open(f"/proc/{self.init_pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), flag))
         self.root_fd = os.open(f"/proc/{self.init_pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.pidns = os.stat(f"/proc/{self.init_pid}/ns/pid").st_ino
+        with contextlib.suppress(OSError, ValueError):
+            self.storage = json.loads(Path(self.cfg["scratch"], STORAGE_FILE).read_text())
 
     def _become_sandbox(self, up_w: int, go_r: int) -> None:
-        """In the forked child: the cgroups, a mount namespace with its file system, the user namespace."""
-        self.cgroup.join()
+        """In the forked child: a mount namespace with its file system, the user namespace.
+
+        bwrap and the sandbox's init stay out of its cgroups, which only commands join: whoever
+        the OOM killer picks in a cgroup dies, and were it init every process of the sandbox would
+        go with it, the agent's own allocation looking like a dead node."""
         linux.unshare(linux.CLONE_NEWNS)
         build_file_system(self.cfg, self.uids, self.limits, self._staged)
         linux.unshare(linux.CLONE_NEWUSER)
@@ -237,6 +246,17 @@ class Supervisor:
             time.sleep(0.005)
         raise RuntimeError("processes of the sandbox kept appearing after 200 rounds of SIGKILL")
 
+    def usage(self) -> Usage:
+        """Its cgroup's counters, and its disk and /tmp as statvfs sees them (where init still lives)."""
+        figures: dict = {**cgroup_figures(self.cgroup.files()), "disk_backing": self.storage.get("backing", "")}
+        for name, inside in (("disk", "/home/agent"), ("tmp", "/tmp")):
+            try:
+                st = os.statvfs(f"/proc/{self.init_pid}/root{inside}")
+            except OSError:
+                continue
+            figures[f"{name}_size"], figures[f"{name}_free"] = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+        return Usage(**figures)
+
     def reap(self) -> list[tuple[int, int]]:
         out: list[tuple[int, int]] = []
         while True:
@@ -300,7 +320,7 @@ async def serve(sock: socket.socket, sup: Supervisor) -> None:
                 send({"op": "exit", "pid": pid, "code": code})
             elif pid == sup.bwrap_pid:
                 sup.bwrap_pid = None
-                send({"op": "died", "code": code})
+                send({"op": "died", "code": code, "usage": sup.usage().to_json()})
                 if not stopped.done():
                     stopped.set_result(None)
 
@@ -320,6 +340,8 @@ async def serve(sock: socket.socket, sup: Supervisor) -> None:
             if req["op"] == "spawn":
                 pid = sup.spawn(req, fds)
                 send({"op": "spawned", "id": req["id"], "pid": pid})
+            elif req["op"] == "usage":
+                send({"op": "usage", "id": req["id"], "usage": sup.usage().to_json()})
             elif req["op"] == "kill_all":
                 send({"op": "killed", "id": req["id"], "count": sup.kill_all()})
             elif req["op"] == "stop" and not stopped.done():
@@ -339,7 +361,8 @@ async def serve(sock: socket.socket, sup: Supervisor) -> None:
     server = await asyncio.start_server(forwarder.handler(fwd["unix"]), sock=listen_in(netns, fwd["port"])) \
         if fwd else None
     linux.setns(os.open(f"/proc/{sup.init_pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC), linux.CLONE_NEWPID)
-    send({"op": "ready", "init": sup.init_pid, "uid_base": sup.uids.base, "unenforced": sup.cgroup.unenforced})
+    send({"op": "ready", "init": sup.init_pid, "uid_base": sup.uids.base, "unenforced": sup.cgroup.unenforced,
+          "storage": sup.storage})
     on_child()
     await stopped
     loop.remove_reader(sock.fileno())

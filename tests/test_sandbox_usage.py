@@ -62,3 +62,22 @@ def test_storage_is_a_disk_image_unless_the_node_cannot(monkeypatch):
         choose("disk", 512)
     with pytest.raises(ValueError, match="one of auto, disk, tmpfs"):
         choose("ramdisk", 512)  # type: ignore[arg-type]
+
+
+def test_a_pool_says_once_that_its_node_fell_back_to_tmpfs_and_not_when_tmpfs_was_asked_for(caplog):
+    from types import SimpleNamespace
+
+    from agentrl.rollout.attempt import _report_limits
+    fell_back = SimpleNamespace(unenforced={}, storage={"backing": "tmpfs", "why": "no loop devices on this node"})
+    asked = SimpleNamespace(unenforced={}, storage={"backing": "tmpfs", "why": None})
+    for sandboxes in ([fell_back, fell_back], [asked]):
+        ctx = SimpleNamespace(limits_reported=False)
+        caplog.clear()
+        for sb in sandboxes:
+            _report_limits(ctx, sb)
+        said = [r.getMessage() for r in caplog.records]
+        if sandboxes[0] is fell_back:
+            assert len(said) == 1 and said[0].startswith("sandbox disks are tmpfs on this node (no loop devices")
+            assert "pool.sandbox_storage: tmpfs" in said[0]
+        else:
+            assert said == []

@@ -145,17 +145,17 @@ async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt
             t2 = time.monotonic()
             async with ctx.boot:
                 on_span("grade_queue", t2, time.monotonic())
+                diff: bytes | None
                 try:
                     diff = await episode.patch(sb, spec)
-                except SandboxError as e:
-                    diff = None         # what the agent left could not be read: it broke its own sandbox
-                    grade = episode.Grade(0.0, -1, (await _broken_by_agent(sb, e, "taking the patch", t2)).stderr,
-                                          time.monotonic() - t2, False)
-                try:
-                    if diff is not None:
+                except SandboxError as e:       # what the agent left cannot be read: it broke its own sandbox
+                    broken = await _broken_by_agent(sb, e, "taking the patch", t2)
+                    diff, grade = None, episode.Grade(0.0, -1, broken.stderr, time.monotonic() - t2, False)
+                else:
+                    try:
                         grade = await _grade(ctx, task, spec, sb, diff, work)
-                except SandboxError as e:
-                    raise InfraError(f"grading: {e}") from None
+                    except SandboxError as e:
+                        raise InfraError(f"grading: {e}") from None
             timings["grade_s"] = _span(on_span, "grade", t2)
             limits = tuple(dict.fromkeys((*limits, *await episode.limits_hit(sb), *grade.limits)))
             t3 = time.monotonic()
@@ -178,9 +178,9 @@ async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt
         metadata = AttemptMetadata(
             harness=cfg.harness, task=spec.instance_id, exit_code=run.exit_code, agent_timed_out=run.timed_out,
             empty_patch=empty, patch_bytes=len(diff or b""), limits=limits, drift=stats["drift"],
-            branches=stats["branches"],
-            turns=stats["turns"], tool_calls=trajectory.tool_calls, boot_s=round(timings["boot_s"], 3),
-            agent_s=round(timings["agent_s"], 3), grade_s=round(timings["grade_s"], 3))
+            branches=stats["branches"], turns=stats["turns"], tool_calls=trajectory.tool_calls,
+            boot_s=round(timings["boot_s"], 3), agent_s=round(timings["agent_s"], 3),
+            grade_s=round(timings["grade_s"], 3))
         samples = [chain.to_sample(reward=grade.reward, group_index=group, attempt=attempt, metadata=metadata)
                    for chain in finished.chains]
         return AttemptOutcome(samples, grade.reward, metadata, timings, patch=diff or b"", grade=grade, agent=run,
@@ -216,9 +216,9 @@ def _report_limits(ctx: PoolContext, sb) -> None:
     unenforced = getattr(sb, "unenforced", None)
     if unenforced:
         log.warning(unenforced_message(unenforced))
-    why = (getattr(sb, "storage", None) or {}).get("why")
-    if why and (getattr(sb, "storage", None) or {}).get("backing") == "tmpfs":
-        log.warning(fallback_message(why))
+    storage = getattr(sb, "storage", None) or {}
+    if storage.get("backing") == "tmpfs" and storage.get("why"):      # auto fell back: RAM, not disk
+        log.warning(fallback_message(storage["why"]))
     ctx.limits_reported = True
 
 

@@ -6,7 +6,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-fast test-unit demo learn sysdeps venv clis cluster-up cluster-down bench lint clean scripts
+.PHONY: test test-fast test-unit demo learn sysdeps venv clis cluster-up cluster-down bench lint clean scripts \
+	gpu-wheels gpu-check
 
 # Every tier (setup.cfg's markers: unit, integration, slurm, e2e), as CI runs it; ends with the 25 slowest tests.
 test: sysdeps venv cluster-up clis
@@ -73,6 +74,14 @@ lint: venv
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .hypothesis .agent-clis
+
+# On a GPU node (docs/train.md, "On a GPU node"): the checks this machine cannot run, one line each.
+# gpu-wheels fetches, where PyPI is reachable, what a node's python3 with torch lacks (.gpu-wheels/).
+gpu-wheels: venv
+	tools/gpu_wheels.sh
+
+gpu-check:
+	tools/gpu_check.sh
 
 # slurm/*.sbatch from configs/cluster-*.yaml (a test fails when they are stale)
 scripts: venv

@@ -168,3 +168,27 @@ def test_ci_without_bubblewrap_fails_instead_of_skipping_the_sandbox_tests(tmp_p
                        capture_output=True, text=True, timeout=120, cwd=ROOT,
                        env={**os.environ, "PATH": str(bare), "CI": "true"})
     assert r.returncode == 1 and "bubblewrap is not installed" in r.stdout + r.stderr, r.stdout[-2000:]
+
+
+def test_the_gpu_check_stops_at_once_where_there_is_no_gpu(tmp_path):
+    """tools/gpu_check.sh on a GPU node runs the checks this machine cannot (docs/train.md); here it
+    must end at once, saying why: no nvidia-smi, or (with one) a torch that sees no CUDA GPU."""
+    import os
+    import shutil
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
+    path_without_smi = ":".join(d for d in env["PATH"].split(":") if not os.path.exists(os.path.join(d, "nvidia-smi")))
+    if shutil.which("nvidia-smi", path=path_without_smi) is None:
+        r = subprocess.run(["bash", "tools/gpu_check.sh"], capture_output=True, text=True, timeout=30, cwd=ROOT,
+                           env={**env, "PATH": path_without_smi})
+        assert r.returncode == 2 and "no GPU on this machine (nvidia-smi is not on PATH)" in r.stderr, r.stderr
+    import torch
+    if torch.cuda.is_available():
+        return
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\necho 'No devices were found'\n")
+    smi.chmod(0o755)
+    r = subprocess.run(["bash", "tools/gpu_check.sh"], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                       env={**env, "PATH": f"{smi.parent}:{path_without_smi}", "PYTHON": sys.executable})
+    assert r.returncode == 2 and "has no torch that sees a CUDA GPU" in r.stderr and "torch 2." in r.stderr, r.stderr
+    assert "PASS" not in r.stdout

@@ -387,3 +387,24 @@ def test_the_command_registers_heartbeats_and_stops_on_sigterm(tiny_model, tmp_p
     assert proc.returncode == 0, err
     assert "cpu_server: stopped" in out
     assert registry.services("inference") == []
+
+
+def test_a_device_torch_cannot_use_is_refused_at_start(tiny_model):
+    import subprocess
+    import sys
+    device, said = ("gpu0", "--device gpu0:") if torch.cuda.is_available() else ("cuda", "sees no CUDA GPU here")
+    r = subprocess.run([sys.executable, "-m", "hpc.inference.cpu_server", "--model", str(tiny_model),
+                        "--device", device], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and said in r.stderr, r.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (tools/gpu_check.sh runs it there)")
+def test_on_a_gpu_the_server_answers_as_on_the_cpu(tiny_model, engine):
+    """The same requests, greedy and seeded, on the GPU and the CPU: the same tokens, log-probs to 1e-4."""
+    with ServerThread(Engine(tiny_model, device="cuda")) as gpu, ServerThread(engine) as cpu:
+        for sampling in ({"temperature": 0}, {"temperature": 1.0, "sampling_seed": 7}):
+            a, b = generate(gpu.url, **sampling), generate(cpu.url, **sampling)
+            assert a["output_ids"] == b["output_ids"]
+            got = [lp for lp, _, _ in a["meta_info"]["output_token_logprobs"]]
+            want = [lp for lp, _, _ in b["meta_info"]["output_token_logprobs"]]
+            assert got == pytest.approx(want, abs=1e-4)

@@ -284,6 +284,26 @@ def test_on_a_gpu_without_patches(cfg, batch, tmp_path):
 
 
 def test_the_trainer_loop_trains_checkpoints_and_resumes_with_megatron(megatron_cpu, tiny_model, tmp_path):
+    trainer_loop(tiny_model, tmp_path)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CPU tests patch CUDA calls)")
+def test_the_trainer_loop_on_a_gpu_without_patches(tiny_model, tmp_path):
+    pytest.importorskip("megatron.core", reason=NO_MEGATRON)
+    from megatron.core import parallel_state as mpu
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mpu.initialize_model_parallel(1, 1)
+        trainer_loop(tiny_model, tmp_path)
+    finally:
+        mpu.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+def trainer_loop(tiny_model, tmp_path):
+    """Two rollouts trained and checkpointed with the megatron backend, the weights exported, a third resumed."""
     import subprocess
     import sys
 

@@ -1,6 +1,7 @@
 """A CPU stand-in for SGLang's HTTP server: a small HF causal LM behind the part of SGLang's API this project uses.
 
     python -m hpc.inference.cpu_server --model DIR --port P [--host H] [--register RUN_DIR --index I]
+                                       [--device cpu|cuda]
 
 `hpc.inference.generation` holds /generate's logic (request, sampling, logprobs, finish); this
 module the model, the HTTP routes and the command. Routes and shapes as read in SGLang 0.5's
@@ -102,11 +103,14 @@ class Engine:
     """The model, its tokenizer and weight version; one request generates at a time (`generate`)."""
 
     def __init__(self, model_dir: Path | str, *, weight_version: str = "default", random_seed: int = 0,
-                 original_logprob: bool | None = None):
+                 original_logprob: bool | None = None, device: str = "cpu"):
         from transformers import AutoTokenizer
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
+        # The forward pass runs on `device` ("cuda" on a GPU node); sampling stays on the CPU, with the
+        # same generator and seeds, so a GPU changes the logits' last bits and nothing else.
+        self.device = device
         self.model_path = self.tokenizer_path = str(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         self.model = self._load(self.model_path)
@@ -123,12 +127,13 @@ class Engine:
         self._model_lock = threading.Lock()    # held for one forward step, and to swap weights
         self._weights_serial = 0
 
-    @staticmethod
-    def _load(path: str):
+    def _load(self, path: str):
         import torch
         from transformers import AutoModelForCausalLM
 
-        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        # transformers wraps `to` with functools.wraps(Module.to): typeshed's _Wrapped takes the device for self
+        return model.to(self.device).eval()  # type: ignore[arg-type]
 
     def generate(self, request: GenerateRequest, ticket: int) -> dict[str, Any]:
         import torch
@@ -148,10 +153,10 @@ class Engine:
                 if cache_serial != self._weights_serial:   # new weights: recompute the prefix with them
                     cache, cache_serial = None, self._weights_serial
                 done = cache.get_seq_length() if cache is not None else 0
-                feed = torch.tensor([[*request.input_ids, *output_ids][done:]])
+                feed = torch.tensor([[*request.input_ids, *output_ids][done:]], device=self.device)
                 out = self.model(input_ids=feed, cache=cache, use_cache=True)
                 cache = out.cache
-            token, logprob = choose_token(out.logits[0, -1], sampling, generator,
+            token, logprob = choose_token(out.logits[0, -1].cpu(), sampling, generator,
                                           original_logprob=self.original_logprob)
             output_ids.append(token)
             logprobs.append(logprob)
@@ -393,6 +398,18 @@ def _register(engine: Engine, args: argparse.Namespace, port: int) -> tuple[Regi
                                        weight_version=registry_weight_version(engine.weight_version))
 
 
+def _check_device(ap: argparse.ArgumentParser, device: str) -> None:
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as e:
+        ap.error(f"--device {device}: {e}")
+    if kind == "cuda" and not torch.cuda.is_available():
+        ap.error(f"--device {device}: torch {torch.__version__} sees no CUDA GPU here (built for CUDA "
+                 f"{torch.version.cuda or 'none'}): run on a GPU node, or leave --device at cpu")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hpc.inference.cpu_server", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -405,8 +422,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--index", type=int, default=0, help="the registry index (with --register)")
     ap.add_argument("--heartbeat-s", type=float, default=5.0)
     ap.add_argument("--liveness-file", type=Path, help="touched at each heartbeat (hpc.liveness)")
+    ap.add_argument("--device", default="cpu", help="where the forward pass runs: cpu (default), cuda, cuda:N")
     args = ap.parse_args(argv)
-    engine = Engine(args.model, weight_version=args.weight_version, random_seed=args.random_seed)
+    _check_device(ap, args.device)
+    engine = Engine(args.model, weight_version=args.weight_version, random_seed=args.random_seed,
+                    device=args.device)
     # uvicorn re-raises the signal that stopped it once it is done; by then there is nothing left to do.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)

@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: test test-fast test-unit demo learn sysdeps venv clis cluster-up cluster-down bench lint clean scripts \
-	gpu-wheels gpu-check
+	gpu-wheels gpu-check gluster-up gluster-down
 
 # Every tier (setup.cfg's markers: unit, integration, slurm, e2e), as CI runs it; ends with the 25 slowest tests.
 test: sysdeps venv cluster-up clis
@@ -74,6 +74,15 @@ lint: venv
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .hypothesis .agent-clis
+
+# A GlusterFS volume mounted as several nodes' clients (hpc/localcluster/glusterfs.py; docs/architecture.md,
+# "The shared filesystem"): GLUSTER_DIR/client-0 ... client-2. The tests make their own.
+GLUSTER_DIR ?= /tmp/agentrl-gluster
+gluster-up: sysdeps venv
+	$(BIN)/python -m hpc.localcluster.glusterfs up $(GLUSTER_DIR) --clients 3
+
+gluster-down: venv
+	$(BIN)/python -m hpc.localcluster.glusterfs down $(GLUSTER_DIR)
 
 # On a GPU node (docs/train.md, "On a GPU node"): the checks this machine cannot run, one line each.
 # gpu-wheels fetches, where PyPI is reachable, what a node's python3 with torch lacks (.gpu-wheels/).

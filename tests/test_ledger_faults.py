@@ -74,8 +74,14 @@ def hash_seed(text: str) -> int:
 
 
 def test_kill_9_at_random_points_keeps_every_invariant(tmp_path):
+    kill_9_run([str(tmp_path)])
+
+
+def kill_9_run(roots: list[str], *, random_kills: int = 40, deadline_s: float = 120) -> None:
+    """The aimed kills, then the random ones. `roots`: one directory as each client of a shared filesystem
+    sees it (one mount each); worker n works through roots[n % len(roots)], the checks read roots[0]."""
     print(f"seed {SEED}: replay with AGENTRL_FAULT_SEED={SEED}")
-    root = str(tmp_path)
+    root = roots[0]
     os.makedirs(f"{root}/log")
     os.makedirs(f"{root}/at")
     led = Ledger(f"{root}/ledger")
@@ -83,12 +89,13 @@ def test_kill_9_at_random_points_keeps_every_invariant(tmp_path):
     ctx = multiprocessing.get_context("fork")
     rng = random.Random(f"{SEED}/killer")
     procs, serial, kills = {}, 0, 0
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + deadline_s
 
     def spawn(stop_at=None):
         nonlocal serial
         serial += 1
-        p = ctx.Process(target=worker, args=(root, f"w{serial}", f"{SEED}/w{serial}", stop_at), daemon=True)
+        p = ctx.Process(target=worker, args=(roots[serial % len(roots)], f"w{serial}", f"{SEED}/w{serial}", stop_at),
+                        daemon=True)
         p.start()
         procs[p.pid] = p
         return p, f"w{serial}"
@@ -98,18 +105,18 @@ def test_kill_9_at_random_points_keeps_every_invariant(tmp_path):
     for state in STATES * AIMED_PER_STATE:
         aim = (state, rng.randint(1, 3))
         p, name = spawn(aim)
-        while not os.path.exists(f"{root}/at/{name}"):
+        while not os.path.exists(f"{roots[serial % len(roots)]}/at/{name}"):     # as its own client sees it
             assert p.is_alive() and time.monotonic() < deadline, f"{name} never reached {aim}"
             time.sleep(0.01)
         os.kill(p.pid, signal.SIGKILL)
         procs.pop(p.pid).join()
-        landed.append({**json.load(open(f"{root}/at/{name}")), "aim": aim})
+        landed.append({**json.load(open(f"{roots[serial % len(roots)]}/at/{name}")), "aim": aim})
     assert [k["state"] for k in landed] == [k["aim"][0] for k in landed] == list(STATES * AIMED_PER_STATE)
 
     for _ in range(6):
         spawn()
     try:
-        while kills < 40 and led.status(0).committed < GROUPS * ATTEMPTS:
+        while kills < random_kills and led.status(0).committed < GROUPS * ATTEMPTS:
             assert time.monotonic() < deadline, "ledger stalled while workers were being killed"
             time.sleep(rng.uniform(0.0, 0.05))
             victim = rng.choice(list(procs))

@@ -10,6 +10,7 @@ declare -A pkg=(
   [munged]=munge [mungekey]=munge
   [bwrap]=bubblewrap
   [mkfs.ext4]=e2fsprogs [losetup]=mount       # the sandboxes' disk images (hpc/sandbox/storage.py)
+  [glusterd]=glusterfs-server [glusterfs]=glusterfs-client   # a network filesystem (hpc/localcluster/glusterfs.py)
   [mpirun]=openmpi-bin [mpicc]=libopenmpi-dev
   [shellcheck]=shellcheck
   [buildah]=buildah [skopeo]=skopeo [docker-registry]=docker-registry [ch-image]=charliecloud-builders

@@ -1,6 +1,7 @@
 """The worker side of the ledger as one asyncio loop: claim, run, renew the lease, cancel on losing it.
 
-The rollout pool and checkpoint eval both run their attempts through `ClaimLoop`: at most `slots`
+The rollout pool and checkpoint eval both run their attempts through `ClaimLoop`: first it checks this
+node's clock against the filesystem's (hpc.clockcheck: refused past half a lease); then at most `slots`
 claims at once, each renewed every lease_s / 3 while its work runs. A lease that is lost (the
 attempt's next try was handed to another worker, or the generation was superseded) cancels the work
 at once: its result could no longer count, and the sandbox it holds is another worker's now. Work
@@ -20,6 +21,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from .clockcheck import check_clock
 from .ledger import Claim, Ledger, StaleGeneration
 from .ledger_records import RolloutSpec
 
@@ -46,6 +48,8 @@ class ClaimLoop:
         rollout_id) every attempt of the rollout has ended."""
         if until_done and self.rollout_id is None:
             raise ValueError("until_done needs rollout_id: which rollout must be done")
+        # Leases are this node's clock against the others': too far from the filesystem's, refuse to start
+        await asyncio.to_thread(check_clock, self.ledger.root, self.lease_s, self.ledger.clock)
         stop = stop or asyncio.Event()
         slots = asyncio.Semaphore(self.slots)
         running: set[asyncio.Task[None]] = set()

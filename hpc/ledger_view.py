@@ -62,6 +62,11 @@ class LedgerView:
         self._clock = clock
         self._specs: dict[Path, RolloutSpec] = {}
 
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The clock its leases are read (and, in a Ledger, written) against."""
+        return self._clock
+
     # -- paths -----------------------------------------------------------------
     def _rollout_dir(self, rollout_id: int) -> Path:
         return self.root / "rollouts" / str(rollout_id)

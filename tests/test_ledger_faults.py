@@ -33,8 +33,11 @@ SEED = int(os.environ.get("AGENTRL_FAULT_SEED") or random.SystemRandom().randran
 STATES, AIMED_PER_STATE = ("claimed", "written", "committed"), 3
 
 
-def worker(root: str, worker_id: str, seed: str, stop_at: tuple[str, int] | None = None) -> None:
-    led = Ledger(f"{root}/ledger", seed=hash_seed(f"{seed}/ledger"))
+def worker(root: str, worker_id: str, seed: str, stop_at: tuple[str, int] | None = None, clock_offset_s: float = 0.0,
+           until: float = float("inf")) -> None:
+    """Claims, runs, writes and commits until killed (or, at `until` on time.time, stops); its clock
+    is `clock_offset_s` off the machine's (a node whose clock is off)."""
+    led = Ledger(f"{root}/ledger", seed=hash_seed(f"{seed}/ledger"), clock=lambda: time.time() + clock_offset_s)
     rng = random.Random(f"{seed}/agent")
     log = open(f"{root}/log/{worker_id}.jsonl", "a", buffering=1)
     claims = 0
@@ -47,7 +50,7 @@ def worker(root: str, worker_id: str, seed: str, stop_at: tuple[str, int] | None
             os.rename(f"{root}/at/.{worker_id}", f"{root}/at/{worker_id}")
             time.sleep(3600)
 
-    while True:
+    while time.time() < until:
         c = led.claim(worker_id, lease_s=LEASE_S)
         if c is None:
             time.sleep(0.01)

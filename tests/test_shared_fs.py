@@ -4,6 +4,7 @@ mount a node's client with caches of its own): writers on one mount, readers on 
 docs/architecture.md, "The shared filesystem", says what each contract needs of the filesystem."""
 
 import errno
+import json
 import multiprocessing
 import os
 import subprocess
@@ -119,3 +120,53 @@ def test_a_shard_written_on_one_client_is_read_whole_or_not_at_all_on_the_other(
         time.sleep(0.01)
     writer.join(60)
     assert writer.exitcode == 0
+
+
+def skew_run(roots: list[str], offset_s: float, workers: int = 4) -> dict:
+    """Workers alternating between the clients, the second client's clock `offset_s` off: the ledger's
+    outcome and how much work was done twice."""
+    from test_ledger_faults import ATTEMPTS, GROUPS, SEED, worker
+    os.makedirs(f"{roots[0]}/log")
+    os.makedirs(f"{roots[0]}/at")
+    led = Ledger(f"{roots[0]}/ledger")
+    led.open_rollout(0, list(range(GROUPS)), ATTEMPTS, max_tries=1000)
+    ctx = multiprocessing.get_context("fork")
+    until = time.time() + 120
+    procs = [ctx.Process(target=worker, args=(roots[i % 2], f"w{i}", f"{SEED}/skew{i}", None,
+                                              offset_s if i % 2 else 0.0, until), daemon=True)
+             for i in range(workers)]
+    for p in procs:
+        p.start()
+    try:
+        while led.status(0).committed < GROUPS * ATTEMPTS:
+            assert time.time() < until, f"not every attempt was committed: {led.status(0)}"
+            time.sleep(0.05)
+    finally:
+        for p in procs:
+            p.kill()
+            p.join()
+    made = {}
+    for name in os.listdir(f"{roots[0]}/log"):
+        for line in open(f"{roots[0]}/log/{name}"):
+            rec = json.loads(line)
+            made[tuple(rec["key"])] = made.get(tuple(rec["key"]), 0) + rec["made"]
+    tries = len(os.listdir(led.root / "rollouts/0/g1/claims"))
+    return {"commits": led.commits(0), "made": made, "duplicated": tries - GROUPS * ATTEMPTS,
+            "attempts": GROUPS * ATTEMPTS}
+
+
+@pytest.mark.parametrize("leases", [0.5, -0.5, 2.0, -2.0])
+def test_a_node_whose_clock_is_off_duplicates_work_but_never_a_commit(gluster, leases, request):
+    """One client's clock half a lease or two leases off the other's (the ledger's clock, injected): every
+    attempt committed once, its shard of the try that won; what is done twice is counted, for the docs."""
+    from test_ledger_faults import ATTEMPTS, GROUPS, LEASE_S
+    roots = [f"{c}/skew-{request.node.callspec.id}" for c in gluster.clients]
+    os.makedirs(roots[0])
+    got = skew_run(roots, leases * LEASE_S)
+    assert sorted(got["commits"]) == [(g, a) for g in range(GROUPS) for a in range(ATTEMPTS)]
+    assert max(got["made"].values()) == 1 and sum(got["made"].values()) == GROUPS * ATTEMPTS
+    for (g, a), rec in got["commits"].items():
+        header, _ = read_shard(f"{roots[0]}/buffer/{rec.ref}", SAMPLE_CODEC)
+        assert (header["group"], header["attempt"], header["try_index"]) == (g, a, rec.try_index)
+    # The fast node takes over the slow one's live claims only once no attempt is left unclaimed: at the tail
+    print(f"clock off by {leases:+g} leases: {got['duplicated']} of {got['attempts']} attempts run again")

@@ -12,6 +12,7 @@ import errno
 import os
 import secrets
 import socket
+import time
 from pathlib import Path
 
 _HOST = socket.gethostname()
@@ -117,3 +118,46 @@ def probe_links(directory: Path) -> None:
                 os.unlink(p)
             except FileNotFoundError:
                 pass
+
+
+def probe_filesystem(directory: Path) -> list[str]:
+    """What the run directory's file contracts need and `directory`'s filesystem lacks, each said with
+    its fix ([] : nothing): link(2) that creates exclusively (claims, commits, manifests), rename(2)
+    that replaces (shards, the registry), mtimes kept as set (lease deadlines), and fsync."""
+    problems = []
+    try:
+        probe_links(directory)
+    except OSError as e:
+        problems.append(f"link(2) does not create files exclusively here ({e.strerror or e}): the ledger's "
+                        "claims and commits need it. Use a POSIX filesystem (NFSv3+, Lustre, GPFS, BeeGFS, "
+                        "or local disk); on a FUSE filesystem, one that supports hard links")
+    a, b = temp_path(directory / "probe-rename"), temp_path(directory / "probe-rename")
+    deadline = int(time.time()) + 3600          # a lease deadline an hour ahead, as the ledger sets them
+    try:
+        a.write_bytes(b"old")
+        b.write_bytes(b"new")
+        os.rename(b, a)
+        if a.read_bytes() != b"new":
+            problems.append("rename(2) did not replace the file it was renamed onto: shards and the service "
+                            "registry are published by rename. Use a POSIX filesystem")
+        os.utime(a, (deadline, deadline))
+        if abs(os.stat(a).st_mtime - deadline) > 1:
+            problems.append(f"a file's mtime set to {deadline} reads back as {os.stat(a).st_mtime:.0f}: the "
+                            "ledger keeps lease deadlines in mtimes. Use a filesystem that keeps the times set "
+                            "(not one mounted with a time-rewriting option)")
+        fd = os.open(a, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(directory)
+    except OSError as e:
+        problems.append(f"{e.strerror or e} ({getattr(e, 'filename', None) or directory}): rename, utime "
+                        "and fsync must work in the run directory")
+    finally:
+        for p in (a, b):
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+    return problems

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .environment import Writer
-from .fsio import write_atomic
+from .fsio import probe_filesystem, write_atomic
 from .records import Record, RecordError, create_record, read_record, write_record
 
 
@@ -101,6 +101,9 @@ class RunLayout:
         layout = cls(Path(root).absolute())
         run_id = _check_run_id(run_id or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}")
         layout.root.mkdir(parents=True, exist_ok=True)
+        if problems := probe_filesystem(layout.root):
+            raise RunDirError(f"{layout.root}: its filesystem lacks what the run's files need: "
+                              + "; ".join(problems))
         manifest = RunManifest(run_id=run_id, created=time.time(), config=config or {})
         # Written once: link(2) refuses to replace a manifest another process wrote first.
         if not create_record(layout.manifest_path, manifest):

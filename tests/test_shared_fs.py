@@ -170,3 +170,23 @@ def test_a_node_whose_clock_is_off_duplicates_work_but_never_a_commit(gluster, l
         assert (header["group"], header["attempt"], header["try_index"]) == (g, a, rec.try_index)
     # The fast node takes over the slow one's live claims only once no attempt is left unclaimed: at the tail
     print(f"clock off by {leases:+g} leases: {got['duplicated']} of {got['attempts']} attempts run again")
+
+
+def test_a_run_directory_on_a_filesystem_that_lacks_what_its_files_need_is_refused(gluster, tmp_path, monkeypatch):
+    """On the volume a run directory is made; where link(2) replaces, or mtimes are not kept (test doubles at
+    the system calls: this machine has no such filesystem), it is refused, saying what and how to fix it."""
+    from hpc.runlayout import RunDirError, RunLayout
+    assert RunLayout.create(f"{gluster.clients[0]}/run").manifest().run_id
+    real_link, real_utime = os.link, os.utime
+
+    def replacing_link(src, dst, **kw):     # a filesystem without hard links
+        raise OSError(errno.EPERM, "Operation not permitted")
+    monkeypatch.setattr(os, "link", replacing_link)
+    with pytest.raises(RunDirError, match=r"link\(2\) does not create files exclusively here \(Operation not "
+                                          r"permitted\).*NFSv3\+, Lustre"):
+        RunLayout.create(tmp_path / "no-links")
+    monkeypatch.setattr(os, "link", real_link)
+    monkeypatch.setattr(os, "utime", lambda path, times=None, **kw: real_utime(path))   # times ignored
+    with pytest.raises(RunDirError, match="reads back as .*the ledger keeps lease deadlines in mtimes"):
+        RunLayout.create(tmp_path / "no-mtimes")
+    assert not (tmp_path / "no-mtimes" / "run.yaml").exists()

@@ -50,11 +50,13 @@ def test_up_and_down_leave_nothing_mounted_or_running(gluster, tmp_path):
     glusterfs.down(tmp_path / "v")                                  # twice: nothing to do
 
 
-@pytest.mark.slow
-def test_the_ledger_under_kill_9_of_workers_on_both_clients(gluster):
+@pytest.mark.parametrize("caches", ["gluster", "gluster_nfs_caches"])
+def test_the_ledger_under_kill_9_of_workers_on_both_clients(caches, request):
     """The aimed and random kills of test_ledger_faults, the workers alternating between the two mounts:
-    no attempt lost, none committed twice, each commit's shard whole and of its own try."""
-    roots = [f"{c}/faults" for c in gluster.clients]
+    no attempt lost, none committed twice, each commit's shard whole and of its own try. Both cache
+    settings outlast the lease (0.5 s): GlusterFS's 1 s, and 3 s attribute, entry and negative caches."""
+    vol = request.getfixturevalue(caches)
+    roots = [f"{c}/faults" for c in vol.clients]
     os.makedirs(roots[0])
     kill_9_run(roots, random_kills=20, deadline_s=180)
 

@@ -65,6 +65,10 @@ def missing() -> str | None:
             return f"{tool} is not installed (Debian: apt-get install {pkg}; make sysdeps)"
     if not os.path.exists("/dev/fuse"):
         return "/dev/fuse is missing (modprobe fuse)"
+    try:
+        socket.gethostbyname(socket.gethostname())    # the brick's host, as gluster names it
+    except OSError:
+        return f"this machine's hostname {socket.gethostname()!r} does not resolve: add it to /etc/hosts"
     return None
 
 

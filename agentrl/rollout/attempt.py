@@ -157,7 +157,9 @@ async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt
                     except SandboxError as e:
                         raise InfraError(f"grading: {e}") from None
             timings["grade_s"] = _span(on_span, "grade", t2)
-            limits = tuple(dict.fromkeys((*limits, *await episode.limits_hit(sb), *grade.limits)))
+            # same-sandbox grading ran the patch's code in the agent's sandbox: what it hit counts too
+            after = await episode.limits_hit(sb) if cfg.grading == "same" else ()
+            limits = tuple(dict.fromkeys((*limits, *after, *grade.limits)))
             t3 = time.monotonic()
         _span(on_span, "teardown", t3)     # the stack's exit: the agent's sandbox stopped
 
@@ -202,8 +204,9 @@ async def _broken_by_agent(sb, error: SandboxError, during: str, t0: float) -> E
     """A sandbox that failed under the agent: its outcome if one of its limits was hit (the agent's
     processes filled its disk, took its memory or its pids), as the process result that says so;
     otherwise an infrastructure failure (InfraError, retried)."""
-    hit = await episode.limits_hit(sb)
-    if not hit:
+    try:
+        hit = await episode.limits_or_raise(sb, error)
+    except SandboxError:
         raise InfraError(f"sandbox, during {during}: {error}") from None
     log.info("the agent ran into its sandbox's %s limit (%s): an outcome, reward 0", ", ".join(hit), error)
     return ExecResult(-9, b"", f"[agentrl] {during} failed at the sandbox's {', '.join(hit)} limit: {error}".encode(),

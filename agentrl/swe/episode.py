@@ -71,12 +71,18 @@ async def unusable(sb: Sandbox) -> str | None:
     return f"it is at its {', '.join(at)} limit" if at else None
 
 
-async def _limited(sb: Sandbox, error: SandboxError, t0: float) -> Grade:
-    """The grade of a grading that failed: 0 if the grading sandbox ran into a limit (the patch's doing),
-    else the failure stays an infrastructure one (re-raised)."""
+async def limits_or_raise(sb: Sandbox, error: SandboxError) -> tuple[str, ...]:
+    """The limits `sb` ran into, which make `error` the doing of what ran in it (the agent, its patch's
+    code); with none, `error` is the infrastructure's and is raised again."""
     hit = await limits_hit(sb)
     if not hit:
         raise error
+    return hit
+
+
+async def _limited(sb: Sandbox, error: SandboxError, t0: float) -> Grade:
+    """The grade of a grading that failed at its sandbox's limit: 0 (else SandboxError, raised again)."""
+    hit = await limits_or_raise(sb, error)
     note = f"\n[agentrl] grading ran into the sandbox's {', '.join(hit)} limit: {error}".encode()
     return Grade(0.0, -1, note, time.monotonic() - t0, False, limits=hit)
 

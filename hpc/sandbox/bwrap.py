@@ -1,7 +1,7 @@
 """The bubblewrap runtime: a sandbox per supervisor process, every command run by it.
 
     supervisor (host root, one per sandbox; hpc.sandbox.supervisor)
-      mount namespace: sized scratch disk, overlays of the image and the work tree
+      mount namespace: its disk (an ext4 image sized to storage_mb), overlays of the image and the work tree
         user namespace: uids 0..65535 -> an unprivileged host range of the sandbox's own
           bwrap --unshare-{pid,net,ipc,uts,cgroup} --cap-drop ALL ... -- sleep infinity   (init)
       commands: fork, join the namespaces and cgroups, drop to agent (1000) or the namespace's

@@ -6,7 +6,7 @@ SOCK_SEQPACKET control socket from the owner (hpc.sandbox.bwrap). A supervisor:
 
 1. Takes a uid slot (a lock file held for the sandbox's life), makes the sandbox's cgroups
    (which its commands join, and neither bwrap nor its init).
-2. Forks the sandbox: a private mount namespace where the sized scratch disk and the overlays
+2. Forks the sandbox: a private mount namespace where the sandbox's disk (hpc.sandbox.storage) and the overlays
    are mounted, then a user namespace mapping 0..65535 to the slot's host uids, then bwrap,
    whose namespaces that user namespace owns.
 3. Serves the TCP port on the sandbox's loopback that fronts the adapter's Unix socket.

@@ -55,24 +55,20 @@ class Usage:
 
     def limits_hit(self) -> tuple[str, ...]:
         """The limits its processes ran into, in LIMITS' order."""
-        hit = []
-        if self.oom_kills or (self.memory_limit and self.ram >= _MEMORY_AT_LIMIT * self.memory_limit):
-            hit.append("memory")
-        if self.pids_refused:
-            hit.append("pids")
-        if self.disk_backing in ("disk", "tmpfs") and _full(self.disk_size, self.disk_free):
-            hit.append("storage")
-        if _full(self.tmp_size, self.tmp_free):
-            hit.append("tmp")
-        return tuple(hit)
+        return (*(("memory",) if self.oom_kills or self._memory_held() else ()),
+                *(("pids",) if self.pids_refused else ()), *self._full())
 
     def exhausted(self) -> tuple[str, ...]:
         """The limits it is at now, with its commands killed (what would make grading fail there):
-        its disk or /tmp full, or tmpfs pages holding its memory."""
-        now: list[str] = [name for name in ("storage", "tmp") if name in self.limits_hit()]
-        if self.memory_limit and self.ram >= _MEMORY_AT_LIMIT * self.memory_limit:
-            now.insert(0, "memory")
-        return tuple(now)
+        tmpfs pages holding its memory, its disk or /tmp full."""
+        return (*(("memory",) if self._memory_held() else ()), *self._full())
+
+    def _memory_held(self) -> bool:
+        return bool(self.memory_limit) and self.ram >= _MEMORY_AT_LIMIT * self.memory_limit
+
+    def _full(self) -> tuple[str, ...]:
+        disk = self.disk_backing in ("disk", "tmpfs") and _full(self.disk_size, self.disk_free)
+        return (*(("storage",) if disk else ()), *(("tmp",) if _full(self.tmp_size, self.tmp_free) else ()))
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -201,3 +201,21 @@ def test_same_sandbox_grading_moves_to_a_fresh_sandbox_when_the_agent_left_its_o
     usable, why, grade = run(go())
     assert usable is None and why == "it is at its memory limit"
     assert len(fresh_ones) == 1 and grade.reward == 1.0, grade.output[-500:]
+
+
+def test_a_patch_too_big_for_its_grading_sandbox_grades_0_naming_the_limit_and_is_no_retry(roman):
+    """What the patch brings to grading is hostile: a 40 MiB blob against a grading sandbox of 24 MiB makes
+    applying it fail with ENOSPC. That is the patch's doing (reward 0, storage named), not the grader's."""
+    from hpc.sandbox.policy import Limits
+    repo = BUNDLED_TASKS / "roman-subtractive/environment/repo"
+
+    async def go():
+        async with BwrapSandbox(SandboxSpec(workdir_source=str(repo))) as sb:
+            await episode.baseline(sb, roman.spec)
+            await episode.run_agent(sb, roman.spec, "head -c 40M /dev/urandom > blob.bin")
+            diff = await episode.patch(sb, roman.spec)
+            small = SandboxSpec(workdir_source=str(repo), limits=Limits(storage_mb=24))
+            return await episode.grade_attempt(roman, roman.spec, sb, diff, "isolated", lambda: BwrapSandbox(small))
+    grade = run(go())
+    assert grade.reward == 0.0 and grade.limits == ("storage",), grade.output[-500:]
+    assert b"grading ran into the sandbox's storage limit" in grade.output

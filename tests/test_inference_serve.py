@@ -66,7 +66,9 @@ def test_a_cpu_section_becomes_the_stand_ins_arguments(tmp_path):
     assert isinstance(cfg, CpuServe)
     assert cpu_server_argv(cfg, tmp_path, 2) == [
         "--model", "/models/tiny", "--host", "0.0.0.0", "--port", "30002", "--weight-version", "default",
-        "--register", str(tmp_path), "--index", "2", "--heartbeat-s", "0.5"]
+        "--register", str(tmp_path), "--index", "2", "--heartbeat-s", "0.5", "--threads", "1"]
+    threads = parse_inference({"engine": "cpu", "model": "/m", "threads": 2}, 0)
+    assert cpu_server_argv(threads, tmp_path, 0)[-2:] == ["--threads", "2"]
 
 
 @pytest.mark.parametrize("section, index, message", [
@@ -78,6 +80,7 @@ def test_a_cpu_section_becomes_the_stand_ins_arguments(tmp_path):
     ({"engine": "sglang", "model": "/m", "reasoning_parser": "r1"}, 0, "inference.reasoning_parser: 'r1' is not"),
     ({"engine": "sglang", "model": "/m", "model_path": "/m"}, 0, "inference.model_path: unknown key"),
     ({"engine": "cpu", "model": "/m", "tp": 2}, 0, "inference.tp: unknown key"),
+    ({"engine": "cpu", "model": "/m", "threads": 0}, 0, "inference.threads: Input should be greater than or equal to 1"),
     ({"engine": "cpu", "model": "/m", "port": 65535}, 1, "inference.port: 65535 + task index 1 is above 65535"),
 ])
 def test_bad_sections_name_their_field(section, index, message):

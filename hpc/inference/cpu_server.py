@@ -103,11 +103,16 @@ class Engine:
     """The model, its tokenizer and weight version; one request generates at a time (`generate`)."""
 
     def __init__(self, model_dir: Path | str, *, weight_version: str = "default", random_seed: int = 0,
-                 original_logprob: bool | None = None, device: str = "cpu"):
+                 original_logprob: bool | None = None, device: str = "cpu", threads: int = 1):
+        import torch
         from transformers import AutoTokenizer
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
+        # torch's intra-op threads, for the whole process: one by default. A decode step of a tiny model is too
+        # small to split, and a second thread waiting at each step's barrier while the sandboxes beside it hold
+        # the other core made a step 7x slower (benchmarks/server_threads_bench.py).
+        torch.set_num_threads(threads)
         # The forward pass runs on `device` ("cuda" on a GPU node); sampling stays on the CPU, with the
         # same generator and seeds, so a GPU changes the logits' last bits and nothing else.
         self.device = device
@@ -423,10 +428,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heartbeat-s", type=float, default=5.0)
     ap.add_argument("--liveness-file", type=Path, help="touched at each heartbeat (hpc.liveness)")
     ap.add_argument("--device", default="cpu", help="where the forward pass runs: cpu (default), cuda, cuda:N")
+    ap.add_argument("--threads", type=int, default=1, help="torch's intra-op threads (default 1)")
     args = ap.parse_args(argv)
     _check_device(ap, args.device)
+    if args.threads < 1:
+        ap.error(f"--threads must be 1 or more, got {args.threads}")
     engine = Engine(args.model, weight_version=args.weight_version, random_seed=args.random_seed,
-                    device=args.device)
+                    device=args.device, threads=args.threads)
     # uvicorn re-raises the signal that stopped it once it is done; by then there is nothing left to do.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)

@@ -12,6 +12,7 @@ The config's `inference:` section:
       tp: 4                    # sglang: any other SGLangConfig field (hpc/inference/sglang.py), e.g.
       container: /shared/images/sglang.sif     # SGLang's Apptainer image (containers/README.md)
       heartbeat_s: 5           # both engines
+      threads: 1               # cpu: torch's intra-op threads (1: a tiny model's decode step does not split well)
       health_timeout_s: 1800   # sglang: how long loading and warmup may take
 
 It serves until SIGTERM or SIGINT and exits 0; exits 1 when the server cannot start or dies (the role's
@@ -50,6 +51,7 @@ class CpuServe(BaseModel):
     port: int = Field(default=30000, ge=1, le=65535)
     weight_version: str = "default"
     heartbeat_s: float = Field(default=5.0, gt=0)
+    threads: int = Field(default=1, ge=1)     # torch's intra-op threads (hpc.inference.cpu_server.Engine)
 
 
 class SGLangServe(SGLangConfig):
@@ -100,7 +102,7 @@ def cpu_server_argv(cfg: CpuServe, run_root: Path, index: int, liveness_file: Pa
     """hpc.inference.cpu_server's arguments for task `index`; it registers and heartbeats itself."""
     argv = ["--model", str(cfg.model), "--host", cfg.host, "--port", str(cfg.port + index),
             "--weight-version", cfg.weight_version, "--register", str(run_root), "--index", str(index),
-            "--heartbeat-s", str(cfg.heartbeat_s)]
+            "--heartbeat-s", str(cfg.heartbeat_s), "--threads", str(cfg.threads)]
     return argv + (["--liveness-file", str(liveness_file)] if liveness_file else [])
 
 

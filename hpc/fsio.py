@@ -64,6 +64,26 @@ def _write_temp(path: Path, data: bytes, fsync: bool, mtime: float | None,
     return tmp
 
 
+def read_bytes(path: Path, tries: int = 4) -> bytes:
+    """The bytes of `path`, a file that another node may replace by rename (write_atomic).
+
+    A network filesystem's client can keep a replaced file's name in its entry cache: opening it then
+    fails (ESTALE, or ENOENT) until that cache times out (1 s on GlusterFS's FUSE client, 3 s with
+    `--entry-timeout=3`), though the file is there all along; and a read can lose its file to the next
+    replace (ESTALE). Listing the directory looks its names up afresh (readdirplus), so the next open
+    reads the file, or finds it truly gone. A record replaced every 10 ms is read at the first or
+    second try (tests/test_shared_fs.py, the registry's heartbeats); `tries` covers a few more races.
+    """
+    for _ in range(tries - 1):
+        try:
+            return path.read_bytes()
+        except OSError as e:
+            if e.errno not in (errno.ENOENT, errno.ESTALE):
+                raise
+        os.listdir(path.parent)
+    return path.read_bytes()
+
+
 def write_atomic(path: Path, data: bytes, *, fsync: bool = True) -> None:
     """Write `path` whole, replacing any earlier version."""
     tmp = _write_temp(path, data, fsync, None)

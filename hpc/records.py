@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .environment import Writer
-from .fsio import write_atomic, write_new
+from .fsio import read_bytes, write_atomic, write_new
 
 
 class RecordError(Exception):
@@ -86,7 +86,7 @@ def parse_record(path: Path, raw: bytes, cls: type[R]) -> R:
 def read_record(path: Path, cls: type[R]) -> R:
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        raw = read_bytes(path)
     except FileNotFoundError:
         raise RecordError(path, f"does not exist (expected a {_expected(cls, 'kind')} record)") from None
     return parse_record(path, raw, cls)

@@ -7,6 +7,7 @@ itself), replaced atomically, so readers never see a torn record.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import time
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+from .fsio import read_bytes
 from .records import Record, parse_record, write_record
 
 _ROLE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
@@ -42,6 +44,10 @@ class Registry:
         self.dir = Path(services_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self._clock = clock
+        # Each record as this reader last read it: a network filesystem's client can fail to open a name
+        # whose file was just replaced (its entry cache names the old file) for up to that cache's
+        # timeout, and the record read before stands in, its heartbeat as old as it is.
+        self._seen: dict[str, ServiceRecord] = {}
 
     def path(self, role: str, index: int) -> Path:
         return self.dir / f"{role}-{index}.json"
@@ -85,10 +91,15 @@ class Registry:
             if role is not None and name.rpartition("-")[0] != role:
                 continue
             try:
-                raw = (self.dir / name).read_bytes()
-            except FileNotFoundError:
-                continue  # deregistered while we listed
-            out.append(parse_record(self.dir / name, raw, ServiceRecord))
+                raw = read_bytes(self.dir / name)
+            except OSError as e:
+                if e.errno not in (errno.ENOENT, errno.ESTALE):
+                    raise
+                if name in self._seen:      # still there, or deregistered as we listed: gone at the next listing
+                    out.append(self._seen[name])
+                continue
+            self._seen[name] = parse_record(self.dir / name, raw, ServiceRecord)
+            out.append(self._seen[name])
         return sorted(out, key=lambda r: (r.role, r.index))
 
     def alive(self, role: str | None = None, ttl_s: float = 30.0) -> list[ServiceRecord]:

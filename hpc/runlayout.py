@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .environment import Writer
-from .fsio import probe_filesystem, write_atomic
+from .fsio import probe_filesystem, read_bytes, write_atomic
 from .records import Record, RecordError, create_record, read_record, write_record
 
 
@@ -169,7 +169,7 @@ class RunLayout:
     def published_weights(self) -> tuple[int, Path] | None:
         """(version, HF directory) of the weights last published, or None before the first publish."""
         try:
-            data = json.loads(self.published_weights_path.read_text())
+            data = json.loads(read_bytes(self.published_weights_path))
             return int(data["weight_version"]), Path(data["model_path"])
         except FileNotFoundError:
             return None
@@ -180,7 +180,7 @@ class RunLayout:
     def latest_checkpoint(self) -> int | None:
         path = self.checkpoints_dir / "latest"
         try:
-            text = path.read_text().strip()
+            text = read_bytes(path).decode().strip()
         except FileNotFoundError:
             return None
         if not text.isdigit():

@@ -98,3 +98,26 @@ def test_latest_checkpoint_pointer(tmp_path):
     (layout.checkpoints_dir / "latest").write_text("iter_five")
     with pytest.raises(RecordError, match="not an iteration number"):
         layout.latest_checkpoint()
+
+
+def test_read_bytes_looks_a_name_up_again_after_an_open_through_a_stale_entry(tmp_path, monkeypatch):
+    import errno
+    from pathlib import Path
+
+    from hpc.fsio import read_bytes
+    path = tmp_path / "latest"
+    path.write_bytes(b"3\n")
+    fails, listed, real_read, real_list = [errno.ESTALE, errno.ENOENT], [], Path.read_bytes, os.listdir
+
+    def read(p):
+        if fails:
+            raise OSError(fails.pop(0), "from the client's cache")
+        return real_read(p)
+    monkeypatch.setattr(Path, "read_bytes", read)
+    monkeypatch.setattr(os, "listdir", lambda d: listed.append(d) or real_list(d))
+    assert read_bytes(path) == b"3\n" and listed == [tmp_path, tmp_path]
+    with pytest.raises(FileNotFoundError):
+        read_bytes(tmp_path / "absent")
+    fails.append(errno.EIO)
+    with pytest.raises(OSError, match="from the client's cache"):
+        read_bytes(path)

@@ -18,6 +18,7 @@ from agentrl.sample import SAMPLE_CODEC, Sample
 from hpc.buffer import read_shard, write_shard
 from hpc.ledger import Claim, Ledger
 from hpc.localcluster import glusterfs
+from hpc.registry import Registry
 
 pytest_plugins = ["glusterfs_volume"]
 pytestmark = pytest.mark.integration
@@ -192,3 +193,55 @@ def test_a_run_directory_on_a_filesystem_that_lacks_what_its_files_need_is_refus
     with pytest.raises(RunDirError, match="reads back as .*the ledger keeps lease deadlines in mtimes"):
         RunLayout.create(tmp_path / "no-mtimes")
     assert not (tmp_path / "no-mtimes" / "run.yaml").exists()
+
+
+def _heartbeat(services: str, every_s: float) -> None:
+    reg = Registry(services)
+    rec = reg.register("inference", 0, host="node-a", port=30000)
+    while True:
+        rec = reg.heartbeat(rec)
+        time.sleep(every_s)
+
+
+@pytest.mark.parametrize("caches", ["gluster", "gluster_nfs_caches"])
+def test_a_service_heartbeating_on_one_client_is_alive_on_the_other_and_dead_within_its_ttl_of_kill_9(
+        caches, request):
+    """The registry's liveness across nodes: a heartbeat replaces the record (rename) every 10 ms on one
+    client while the other reads it, which on a FUSE or NFS client meets the replaced record's name
+    still cached (ESTALE, or ENOENT) within seconds (hpc.fsio.read_bytes). A record the reader cannot
+    open stands in as last read (hpc.registry), so the
+    bound is the entry cache's timeout: with a ttl above it plus the heartbeat's interval the service
+    never looks dead while it lives. Killed with -9 (no deregister), it is dead to the other client
+    within ttl + the heartbeat's interval + one poll."""
+    vol = request.getfixturevalue(caches)
+    beat_s, poll_s = 0.01, 0.01
+    ttl_s = (vol.cache_s or 1.0) + 0.5
+    a, b = (f"{c}/services-{caches}" for c in vol.clients)
+    os.makedirs(a)
+    writer = multiprocessing.get_context("fork").Process(target=_heartbeat, args=(a, beat_s), daemon=True)
+    writer.start()
+    reader = Registry(b)
+    try:
+        deadline = time.time() + 30
+        while not reader.services():
+            assert time.time() < deadline, "the other client never saw the registration"
+            time.sleep(poll_s)
+        ages, until = [], time.time() + 2.0
+        while time.time() < until:
+            [rec] = reader.alive("inference", ttl_s)        # every read, live: none missed, none raised
+            ages.append(time.time() - rec.heartbeat)
+            time.sleep(poll_s)
+    finally:
+        writer.kill()
+        writer.join()
+    killed = time.time()
+    while reader.alive("inference", ttl_s):
+        assert time.time() < killed + 10, "a service killed with -9 still looks alive 10 s later"
+        time.sleep(poll_s)
+    dead = time.time()
+    [last] = reader.services()          # a kill -9 leaves the record: its heartbeat says when it died
+    assert killed - beat_s - 0.5 < last.heartbeat <= killed
+    assert ttl_s <= dead - last.heartbeat <= ttl_s + beat_s + 0.5
+    print(f"{caches}: {len(ages)} reads while alive, heartbeat age p50 {sorted(ages)[len(ages) // 2]:.3f} s, "
+          f"max {max(ages):.3f} s; dead {dead - killed:.2f} s after the kill "
+          f"({dead - last.heartbeat:.2f} s after the last heartbeat, ttl {ttl_s:g} s)")

@@ -4,11 +4,13 @@ mount a node's client with caches of its own): writers on one mount, readers on 
 docs/architecture.md, "The shared filesystem", says what each contract needs of the filesystem."""
 
 import errno
+import hashlib
 import json
 import multiprocessing
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -245,3 +247,121 @@ def test_a_service_heartbeating_on_one_client_is_alive_on_the_other_and_dead_wit
     print(f"{caches}: {len(ages)} reads while alive, heartbeat age p50 {sorted(ages)[len(ages) // 2]:.3f} s, "
           f"max {max(ages):.3f} s; dead {dead - killed:.2f} s after the kill "
           f"({dead - last.heartbeat:.2f} s after the last heartbeat, ttl {ttl_s:g} s)")
+
+
+def _blob(n: int, name: str) -> bytes:
+    return np.random.default_rng([n, sum(name.encode())]).bytes(96 * 1024)
+
+
+def _digest(path) -> str:
+    h = hashlib.sha256()
+    for dirpath, dirs, files in sorted(os.walk(path)):
+        dirs.sort()
+        for name in sorted(files):
+            h.update(name.encode() + open(os.path.join(dirpath, name), "rb").read())
+    return h.hexdigest()
+
+
+class _SlowPolicy:
+    """A checkpoint written slowly, in many files whose bytes follow from (iteration, name)."""
+    files = ["config.json", *(f"model-{i:02d}.safetensors" for i in range(12))]
+
+    def __init__(self, n: int, started=None):
+        self.n, self.started = n, started
+
+    def save(self, path) -> None:
+        (path / "model.pt").write_bytes(_blob(self.n, "model.pt"))
+
+    def export_hf(self, path) -> None:
+        for name in self.files:             # config.json first: what the watcher looks for
+            (path / name).write_bytes(_blob(self.n, name))
+            if self.started is not None:
+                self.started.set()
+            time.sleep(0.01)
+
+    def load(self, path) -> None:
+        self.loaded = (path / "model.pt").read_bytes()
+
+    @classmethod
+    def expected(cls, n: int) -> str:
+        h = hashlib.sha256()
+        for name in sorted(cls.files):
+            h.update(name.encode() + _blob(n, name))
+        return h.hexdigest()
+
+
+def _train(root: str, committed, started) -> None:
+    """A trainer on one client: checkpoints 1..3 saved, latest and the published weights moved, then
+    killed (by the test) in the middle of the 4th."""
+    from agentrl.train.checkpoint import TrainerState, save_checkpoint
+    from hpc.runlayout import RunLayout
+    run = RunLayout(Path(root))
+    for n in (1, 2, 3, 4):
+        state = TrainerState(iteration=n, optimizer_steps=n, weight_version=n, prompt_source={})
+        save_checkpoint(run, _SlowPolicy(n, started if n == 4 else None), state)
+        run.publish_weights(n, run.checkpoint_dir(n) / "hf")
+        committed.put((n, time.time()))
+
+
+def _resume(root: str, queue) -> None:
+    from agentrl.train.checkpoint import load_latest
+    from hpc.runlayout import RunLayout
+    policy = _SlowPolicy(0)
+    state = load_latest(RunLayout(Path(root)), policy)
+    queue.put((state.iteration, policy.loaded == _blob(state.iteration, "model.pt")))
+
+
+def test_a_checkpoint_announced_on_one_client_is_whole_when_the_watcher_and_a_resumed_trainer_on_the_other_read_it(
+        gluster_nfs_caches, monkeypatch):
+    """Checkpoints written slowly on one client (a file every 10 ms) while the eval watcher polls the other
+    every 20 ms: each it scores is whole (by hash), though the watcher lists the directory through
+    3 s caches. The trainer is killed with -9 in the middle of its 4th checkpoint: the other client's
+    watcher never scores it, and a trainer resumed there resumes from the 3rd, whole; the published
+    weights it names are whole too."""
+    import asyncio
+
+    import agentrl.train.checkpoint  # noqa: F401 - torch, imported once here rather than in each fork
+    from agentrl.eval import watch as watcher
+    from agentrl.eval.config import EvalConfig
+    from hpc.runlayout import RunLayout
+    a, b = (f"{c}/run" for c in gluster_nfs_caches.clients)
+    RunLayout.create(a)
+    run = RunLayout(Path(b))
+    ctx = multiprocessing.get_context("fork")
+    committed, started = ctx.Queue(), ctx.Event()
+    trainer = ctx.Process(target=_train, args=(a, committed, started), daemon=True)
+    scored: dict[int, tuple[bool, float]] = {}
+
+    class Eval:                  # what the watcher loads: its digest, in place of scoring it
+        def __init__(self, out, cfg, tasks, n):
+            self.out, self.n = out, n
+
+        async def run(self, model_dir):
+            scored[self.n] = (_digest(model_dir) == _SlowPolicy.expected(self.n), time.time())
+            self.out.mkdir(parents=True)
+            (self.out / "summary.json").write_text("{}")
+            return {"pass@1": 0.0, "k": 1, "pass@k": 0.0}
+    monkeypatch.setattr(watcher, "CheckpointEval", Eval)
+
+    def killed_in_the_4th(_run) -> bool:
+        if started.is_set() and trainer.exitcode is None:
+            trainer.kill()
+            trainer.join()
+        return trainer.exitcode is not None and len(scored) >= 3
+    trainer.start()
+    try:
+        asyncio.run(asyncio.wait_for(watcher.watch(run, EvalConfig(tasks="unused", poll_s=0.02), [],
+                                                   stop=asyncio.Event(), until=killed_in_the_4th), 60))
+    finally:
+        trainer.kill()
+    at = dict(committed.get(timeout=5) for _ in range(3))
+    assert committed.empty()                                    # the 4th never committed
+    assert sorted(scored) == [1, 2, 3] and all(whole for whole, _ in scored.values())
+    assert watcher.complete_checkpoints(run) == [1, 2, 3]      # the 4th's temp directory is no checkpoint
+    queue = ctx.Queue()
+    ctx.Process(target=_resume, args=(b, queue)).start()
+    assert queue.get(timeout=30) == (3, True)
+    version, weights = run.published_weights()
+    assert version == 3 and _digest(str(weights).replace(a, b)) == _SlowPolicy.expected(3)
+    lag = [round(scored[n][1] - at[n], 2) for n in (1, 2, 3)]
+    print(f"checkpoints scored on the other client {lag} s after their rename (watcher polling every 0.02 s)")

@@ -36,7 +36,7 @@ import json, sys, time
 import torch
 from hpc.inference.cpu_server import Engine
 from hpc.inference.generation import GenerateRequest, parse_sampling
-model, threads, prompt, new, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+model, (threads, prompt, new, repeats) = sys.argv[1], map(int, sys.argv[2:6])
 engine = Engine(model, threads=threads or torch.get_num_threads())     # 0: torch's default, one per core
 ids = tuple(range(10, 10 + prompt))
 request = GenerateRequest(ids, parse_sampling({"max_new_tokens": new, "ignore_eos": True, "sampling_seed": 7}),

@@ -132,8 +132,10 @@ def solve_sh(fixed: dict[str, bytes]) -> bytes:
     return ("\n".join(parts) + "\n").encode()
 
 
-def layout(name: str, draft: Draft, family: str, split: str, seed: int) -> dict[str, bytes]:
-    """Every file of the task directory, relative path -> bytes, laid out as the bundled tasks are."""
+def layout(name: str, draft: Draft, family: str, split: str, seed: int,
+           solve: bytes | None = None) -> dict[str, bytes]:
+    """Every file of the task directory, relative path -> bytes, laid out as the bundled tasks are; `solve`
+    replaces the solve.sh that writes the fixed files whole (the mutations family's is a patch)."""
     repo_tests = {rel.split("/", 1)[1]: data for rel, data in draft.repo.items()
                   if rel.startswith("tests/test_") and rel.count("/") == 1}
     clash = sorted((set(repo_tests) | {*VERIFIER, "expected.json"}) & set(draft.hidden))
@@ -143,7 +145,7 @@ def layout(name: str, draft: Draft, family: str, split: str, seed: int) -> dict[
     expected = {"FAIL_TO_PASS": sorted(draft.fail_to_pass), "PASS_TO_PASS": sorted(draft.pass_to_pass)}
     files = {"instruction.md": draft.instruction.encode(),
              "task.toml": task_toml(name, draft, family, split, seed).encode(),
-             "solution/solve.sh": solve_sh(draft.fixed),
+             "solution/solve.sh": solve if solve is not None else solve_sh(draft.fixed),
              **{REPO + rel: data for rel, data in draft.repo.items()},
              **{f"tests/{n}": data for n, data in verifier_files().items()},
              "tests/expected.json": (json.dumps(expected, indent=2) + "\n").encode(),
@@ -267,7 +269,8 @@ def generate(family: str, split: str, seed: int, n: int, out: Path, *, force: bo
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("family", help=f"the task family: {', '.join(sorted(FAMILIES))}")
+    p.add_argument("family", help=f"the task family: {', '.join(sorted(FAMILIES))}, or mutations (bugs put into "
+                                  "the projects named by --source, validated by their own tests: docs/tasks.md)")
     p.add_argument("--n", type=int, required=True, help="how many tasks")
     p.add_argument("--seed", type=int, default=0, help="the set's seed (default 0)")
     p.add_argument("--split", required=True, help="train or heldout: disjoint task sets, whatever the seeds")
@@ -275,6 +278,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="replace task directories that already exist")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                    help="tasks checked at once on the host (default: the CPU count)")
+    m = p.add_argument_group("mutations")
+    m.add_argument("--source", action="append", metavar="SPEC",
+                   help="a project: a checkout directory, an sdist .tar.gz, or a requirement pip downloads "
+                        "(repeatable)")
+    m.add_argument("--hints", action="store_true", help="the instruction names the file and function of the bug")
+    m.add_argument("--clean-runs", type=int, default=3, help="runs of the clean tree, to find flaky tests (default 3)")
+    m.add_argument("--test-timeout", type=float, default=20.0,
+                   help="seconds one run of a project's suite may take; a mutant past it is refused (default 20)")
+    m.add_argument("--find-links", type=Path, metavar="DIR", help="pip takes requirements' sdists from DIR alone")
+    m.add_argument("--scratch", help="node-local directory for the validation sandboxes (default: the temp dir)")
     p.add_argument("--python", default=HOST_PYTHON, help="the interpreter the tasks' tests are checked with (default "
                                                         f"{HOST_PYTHON}: what a host task's sandbox runs)")
 
@@ -282,6 +295,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Exit 0 with every task written; 2 for arguments or an output refused; 1 when a task fails its check."""
     t0 = time.monotonic()
+    if args.family == "mutations":
+        from .mutate.cli import run as run_mutations
+        return run_mutations(args, t0)
+    if args.source or args.hints:
+        print(f"--source and --hints are the mutations family's, not {args.family!r}'s", file=sys.stderr)
+        return 2
     if args.jobs < 1:
         print(f"--jobs must be at least 1, got {args.jobs}", file=sys.stderr)
         return 2

@@ -1,0 +1,244 @@
+"""`agentrl tasks generate mutations --source SPEC...`: tasks from real projects' bugs, validated by their tests.
+
+For each source (a checkout, an sdist, a requirement): every bug operator's every site in its modules
+is a candidate, keyed by what it is (project, file, operator, line, the code before and after). A
+key's split is the generator's (`generate.split_of`), so train and heldout never share a mutant; the
+candidates of one split are shuffled by random.Random("mutations/PROJECT/SPLIT/SEED") and validated
+in that order until the source's share of --n is kept. The clean tree runs --clean-runs times first.
+Each verdict is a function of result files (runner.py), so the kept set, and each task's bytes,
+depend on the seed and the projects alone, however often a run was cut short and resumed: a re-run
+reads the results it has and validates only what is missing. Tasks i = 0.. are the kept mutants of
+the first source, then the next source's, named as every family's are (`generate.task_name`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import random
+import sys
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..generate import SPLITS, Refused, _occupied, layout, split_of, task_name, write_task
+from ..task import Resources
+from . import issue
+from .operators import Mutator, Site
+from .project import Project, SourceError, load, task_repository
+from .runner import Job, read_result, run_jobs, suite_spec
+from .verdict import REASONS, Baseline, Run, Verdict, baseline, dedupe, judge, unified_diff
+
+FAMILY = "mutations"
+WORK = ".mutations"              # under --out: hidden, so `convert harbor` and `tasks check` pass it by
+RESOURCES = Resources(cpus=1, mem_mb=512)   # what task_toml gives every generated task
+
+
+@dataclass(frozen=True)
+class Options:
+    """The command's arguments, checked once here."""
+    sources: tuple[str, ...]
+    n: int
+    seed: int
+    split: str
+    out: Path
+    hints: bool = False
+    force: bool = False
+    jobs: int = 2
+    clean_runs: int = 3
+    timeout_s: float = 20.0
+    find_links: Path | None = None
+    scratch: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.sources:
+            raise Refused("mutations needs --source: a project checkout, an sdist (.tar.gz) or a requirement")
+        if self.clean_runs < 2:
+            raise Refused(f"--clean-runs must be at least 2 (one run cannot show a flaky test), got {self.clean_runs}")
+        if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
+            raise Refused(f"--test-timeout must be a positive number of seconds, got {self.timeout_s}")
+        if self.split not in SPLITS:
+            raise Refused(f"unknown split {self.split!r}: choose one of {', '.join(SPLITS)}")
+        if isinstance(self.n, bool) or self.n < 1:
+            raise Refused(f"--n must be a whole number of tasks, at least 1; got {self.n!r}")
+        if self.jobs < 1:
+            raise Refused(f"--jobs must be at least 1, got {self.jobs}")
+
+
+@dataclass
+class Candidate:
+    key: str
+    path: str
+    site: Site
+
+    @property
+    def id(self) -> str:
+        return hashlib.sha256(self.key.encode()).hexdigest()[:20]
+
+
+@dataclass
+class Tally:
+    """What a source's validation has come to, for the progress line and the report."""
+    built: int = 0
+    kept: int = 0
+    refused: Counter = field(default_factory=Counter)
+
+    def line(self, name: str, quota: int, left: int) -> str:
+        reasons = ", ".join(f"{r} {self.refused[r]}" for r in REASONS if self.refused[r]) or "none"
+        return (f"{name}: built {self.built}, kept {self.kept} of {quota}, refused {sum(self.refused.values())} "
+                f"({reasons}), remaining {max(0, quota - self.kept)} to keep, {left} candidates untried")
+
+
+class Mutants:
+    """A project's candidates of one split in validation order, and the mutated source of each (pure)."""
+
+    def __init__(self, project: Project, split: str, seed: int) -> None:
+        self.project = project
+        self._mutators: dict[str, Mutator | None] = {}
+        found = []
+        for path in project.mutable():
+            mutator = self._mutator(path)
+            for site in mutator.sites if mutator else []:
+                key = json.dumps({"project": project.name, "path": path, "operator": site.operator,
+                                  "line": site.line, "index": site.index, "before": site.before,
+                                  "after": site.after}, sort_keys=True)
+                if split_of(key) == split:
+                    found.append(Candidate(key, path, site))
+        random.Random(f"{FAMILY}/{project.name}/{split}/{seed}").shuffle(found)
+        self.order = found
+
+    def _mutator(self, path: str) -> Mutator | None:
+        if path not in self._mutators:
+            try:
+                self._mutators[path] = Mutator(self.project.files[path].decode())
+            except Exception as e:   # libcst's parser errors, a file that is not UTF-8: no candidates there
+                print(f"{self.project.name}/{path}: not mutated ({type(e).__name__}: {e})", file=sys.stderr)
+                self._mutators[path] = None
+        return self._mutators[path]
+
+    def mutated(self, c: Candidate) -> str:
+        mutator = self._mutator(c.path)
+        assert mutator is not None, "a candidate comes from a parsed module"
+        return mutator.mutate(c.site.index)
+
+    def diff(self, c: Candidate) -> bytes:
+        return unified_diff(c.path, self.project.files[c.path].decode(), self.mutated(c))
+
+
+def _clean(project: Project, work: Path, opts: Options, spec) -> Baseline:
+    path = work / "clean.json"
+    if read_result(path) is None:
+        run_jobs(task_repository(project), spec, [Job(path, b"", opts.clean_runs)], workers=1,
+                 timeout_s=opts.timeout_s, scratch=opts.scratch)
+    runs = read_result(path) or []
+    base = baseline(runs)
+    if not base.passing:
+        said = next((f for r in runs for f in r.failures.values()), "") or ("the run timed out" if any(
+            r.timed_out for r in runs) else "no test ran")
+        raise SourceError(f"{project.name}: no test passes on the clean tree, run as the grader runs it "
+                          f"(python3 -m unittest discover -s tests -t . in the repository, nothing installed): "
+                          f"{said[-800:]}\nMake the suite pass that way (a src/ layout or third-party test "
+                          f"dependencies need an image: not yet), or choose another source")
+    return base
+
+
+def validate(mutants: Mutants, quota: int, opts: Options, progress: Callable[[str], None] = lambda s: None
+             ) -> list[tuple[Candidate, Verdict, dict[str, str]]]:
+    """The first `quota` kept candidates, each with its verdict and its failures' excerpts."""
+    project = mutants.project
+    work = opts.out / WORK / f"{project.name}-{project.digest}"
+    work.mkdir(parents=True, exist_ok=True)
+    spec = suite_spec(project.name, opts.timeout_s, RESOURCES)
+    base = _clean(project, work, opts, spec)
+    batch = max(8, 4 * opts.jobs)
+
+    def run(todo: list[Job]) -> None:
+        run_jobs(task_repository(project), spec, todo, workers=opts.jobs, timeout_s=opts.timeout_s,
+                 scratch=opts.scratch)
+
+    tally, start = Tally(), 0
+    while True:
+        judged = _judge_upto(mutants, base, work, start)
+        kept = [j for j in judged if j[1].kept]
+        tally = Tally(start, len(kept), Counter(v.reason for _, v, _ in judged if not v.kept))
+        if start:
+            progress(tally.line(project.name, quota, len(mutants.order) - start))
+        if len(kept) >= quota or start >= len(mutants.order):
+            break
+        chunk = mutants.order[start:start + batch]
+        run([Job(work / f"{c.id}.json", mutants.diff(c)) for c in chunk if read_result(work / f"{c.id}.json") is None])
+        # A mutant that would be kept runs once more: a failing set that changes is flakiness the clean runs missed.
+        run([Job(work / f"{c.id}.confirm.json", mutants.diff(c)) for c in chunk
+             if judge(base, _first(work / f"{c.id}.json")).kept and read_result(work / f"{c.id}.confirm.json") is None])
+        start += len(chunk)
+    if len(kept) < quota:
+        raise SourceError(f"{project.name}: {len(mutants.order)} {opts.split} candidates gave {len(kept)} tasks, not "
+                          f"{quota} ({tally.line(project.name, quota, 0)}): lower --n or add sources")
+    return kept[:quota]
+
+
+def _first(path: Path) -> Run:
+    runs = read_result(path)
+    if not runs:
+        raise SourceError(f"{path}: missing or unreadable although it was just written: run again")
+    return runs[0]
+
+
+def _judge_upto(mutants: Mutants, base: Baseline, work: Path, end: int
+                ) -> list[tuple[Candidate, Verdict, dict[str, str]]]:
+    """Verdicts of candidates [0, end) in order, duplicates decided in that order (pure over result files)."""
+    rows = []
+    for c in mutants.order[:end]:
+        runs = read_result(work / f"{c.id}.json")
+        if runs is None:
+            raise SourceError(f"{work / (c.id + '.json')}: missing while later results exist: run again")
+        verdict = judge(base, runs[0])
+        if verdict.kept:
+            confirm = read_result(work / f"{c.id}.confirm.json")
+            verdict = judge(base, runs[0], confirm[0] if confirm else runs[0])
+        rows.append((c, verdict, runs[0].failures))
+    verdicts = dedupe([(v, mutants.diff(c) if v.kept else b"", f"{c.path}:{c.site.function}")
+                       for c, v, _ in rows])
+    return [(c, v, f) for (c, _, f), v in zip(rows, verdicts, strict=True)]
+
+
+def generate(opts: Options, progress: Callable[[str], None] = lambda s: None) -> list[Path]:
+    """Validate and write the tasks; a task already written with the same bytes is left as it is."""
+    if opts.out.exists() and not opts.out.is_dir():
+        raise Refused(f"--out {opts.out} is not a directory: name a directory (it is created if missing)")
+    projects = [load(s, opts.find_links) for s in opts.sources]
+    quotas = [opts.n // len(projects) + (i < opts.n % len(projects)) for i in range(len(projects))]
+    tasks: list[tuple[str, dict[str, bytes]]] = []
+    for project, quota in zip(projects, quotas, strict=True):
+        if quota:
+            mutants = Mutants(project, opts.split, opts.seed)
+            for c, v, failures in validate(mutants, quota, opts, progress):
+                d = issue.draft(project, c.key, c.path, mutants.mutated(c), c.site.operator, c.site.function,
+                                c.site.line, v.fail_to_pass, v.pass_to_pass, failures, opts.hints)
+                inverse = unified_diff(c.path, mutants.mutated(c), project.files[c.path].decode())
+                name = task_name(FAMILY, opts.split, opts.seed, len(tasks))
+                tasks.append((name, layout(name, d, FAMILY, opts.split, opts.seed, issue.solve_sh(inverse))))
+    written = []
+    for name, files in tasks:
+        target = opts.out / name
+        if _occupied(target) and not opts.force:
+            if _same(target, files):
+                written.append(target)
+                continue
+            raise Refused(f"{target} exists and differs from what this run makes: pass --force to replace it, "
+                          "or choose another --out")
+        written.append(write_task(opts.out, name, files, opts.force))
+    return written
+
+
+def _same(target: Path, files: dict[str, bytes]) -> bool:
+    have = {p.relative_to(target).as_posix(): p for p in target.rglob("*") if p.is_file()}
+    return set(have) == set(files) and all(have[rel].read_bytes() == data for rel, data in files.items())
+
+
+def options(args: argparse.Namespace) -> Options:
+    return Options(tuple(args.source or ()), args.n, args.seed, args.split, Path(args.out), args.hints, args.force,
+                   args.jobs, args.clean_runs, args.test_timeout, args.find_links, args.scratch)

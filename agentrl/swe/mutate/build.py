@@ -30,11 +30,12 @@ from . import issue
 from .operators import Mutator, Site
 from .project import Project, SourceError, load, task_repository
 from .runner import Job, read_result, run_jobs, suite_spec
-from .verdict import REASONS, Baseline, Run, Verdict, baseline, dedupe, judge, unified_diff
+from .verdict import REASONS, Baseline, Verdict, baseline, dedupe, judge, unified_diff
 
 FAMILY = "mutations"
 WORK = ".mutations"              # under --out: hidden, so `convert harbor` and `tasks check` pass it by
 RESOURCES = Resources(cpus=1, mem_mb=512)   # what task_toml gives every generated task
+MAX_BATCH = 64
 
 
 @dataclass(frozen=True)
@@ -153,13 +154,7 @@ def validate(mutants: Mutants, quota: int, opts: Options, progress: Callable[[st
     work.mkdir(parents=True, exist_ok=True)
     spec = suite_spec(project.name, opts.timeout_s, RESOURCES)
     base = _clean(project, work, opts, spec)
-    batch = max(8, 4 * opts.jobs)
-
-    def run(todo: list[Job]) -> None:
-        run_jobs(task_repository(project), spec, todo, workers=opts.jobs, timeout_s=opts.timeout_s,
-                 scratch=opts.scratch)
-
-    tally, start = Tally(), 0
+    tally, start, kept = Tally(), 0, []
     while True:
         judged = _judge_upto(mutants, base, work, start)
         kept = [j for j in judged if j[1].kept]
@@ -168,23 +163,19 @@ def validate(mutants: Mutants, quota: int, opts: Options, progress: Callable[[st
             progress(tally.line(project.name, quota, len(mutants.order) - start))
         if len(kept) >= quota or start >= len(mutants.order):
             break
-        chunk = mutants.order[start:start + batch]
-        run([Job(work / f"{c.id}.json", mutants.diff(c)) for c in chunk if read_result(work / f"{c.id}.json") is None])
+        # Enough for the tasks still wanted if half are kept, and every sandbox busy; the kept set is the
+        # same whatever the batches (each verdict is its own candidate's).
+        chunk = mutants.order[start:start + min(MAX_BATCH, max(2 * opts.jobs, 2 * (quota - len(kept))))]
         # A mutant that would be kept runs once more: a failing set that changes is flakiness the clean runs missed.
-        run([Job(work / f"{c.id}.confirm.json", mutants.diff(c)) for c in chunk
-             if judge(base, _first(work / f"{c.id}.json")).kept and read_result(work / f"{c.id}.confirm.json") is None])
+        todo = [Job(work / f"{c.id}.json", mutants.diff(c), again=lambda r: judge(base, r).kept) for c in chunk
+                if read_result(work / f"{c.id}.json") is None]
+        run_jobs(task_repository(project), spec, todo, workers=opts.jobs, timeout_s=opts.timeout_s,
+                 scratch=opts.scratch)
         start += len(chunk)
     if len(kept) < quota:
         raise SourceError(f"{project.name}: {len(mutants.order)} {opts.split} candidates gave {len(kept)} tasks, not "
                           f"{quota} ({tally.line(project.name, quota, 0)}): lower --n or add sources")
     return kept[:quota]
-
-
-def _first(path: Path) -> Run:
-    runs = read_result(path)
-    if not runs:
-        raise SourceError(f"{path}: missing or unreadable although it was just written: run again")
-    return runs[0]
 
 
 def _judge_upto(mutants: Mutants, base: Baseline, work: Path, end: int
@@ -195,10 +186,7 @@ def _judge_upto(mutants: Mutants, base: Baseline, work: Path, end: int
         runs = read_result(work / f"{c.id}.json")
         if runs is None:
             raise SourceError(f"{work / (c.id + '.json')}: missing while later results exist: run again")
-        verdict = judge(base, runs[0])
-        if verdict.kept:
-            confirm = read_result(work / f"{c.id}.confirm.json")
-            verdict = judge(base, runs[0], confirm[0] if confirm else runs[0])
+        verdict = judge(base, runs[0], runs[1] if len(runs) > 1 else None)
         rows.append((c, verdict, runs[0].failures))
     verdicts = dedupe([(v, mutants.diff(c) if v.kept else b"", f"{c.path}:{c.site.function}")
                        for c, v, _ in rows])

@@ -33,10 +33,12 @@ WORKDIR = "/testbed"
 
 @dataclass(frozen=True)
 class Job:
-    """One result to make: `runs` runs of the suite with `diff` applied, into `path`."""
+    """One result to make: `runs` runs of the suite with `diff` applied, into `path`, and one more when
+    `again` says so of the first (a mutant that would be kept is confirmed in the same sandbox)."""
     path: Path
     diff: bytes
     runs: int = 1
+    again: Callable[[Run], bool] | None = None
 
 
 def suite_spec(name: str, timeout_s: float, resources: Resources) -> TaskSpec:
@@ -75,6 +77,8 @@ async def _worker(repo: Path, spec: TaskSpec, jobs: asyncio.Queue, timeout_s: fl
             except asyncio.QueueEmpty:
                 return
             runs = [await _run_suite(sb, spec, job.diff, timeout_s) for _ in range(job.runs)]
+            if job.again is not None and job.again(runs[0]):
+                runs.append(await _run_suite(sb, spec, job.diff, timeout_s))
             write_atomic(job.path, (json.dumps({"runs": [r.to_json() for r in runs]}, sort_keys=True) + "\n")
                          .encode())
             done(job)

@@ -303,10 +303,13 @@ def test_generated_from_an_sdist_byte_for_byte_resumable_and_through_check_and_h
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     result = json.loads(r.stdout.strip().splitlines()[-1])
     assert [(t["oracle_reward"], t["noop_reward"], t["problem"]) for t in result["tasks"]] == [(1.0, 0.0, "")] * 2
-    # every default hack, graded with its patch in a fresh sandbox (the same grader bytes as every family's, whose
-    # same-sandbox grading tests/test_task_generate.py covers)
+    # The hacks that act on what this family brings (the project's modules and its tests), graded with the patch
+    # in a fresh sandbox; the rest attack the grader, the same bytes in every family (tests/test_task_generate.py
+    # runs them all), and the whole default set costs 20 s more (docs/tasks.md: it passes).
+    chosen = ["exit0-at-import", "tests-forced-pass", "tests-deleted", "tests-uncollected", "stale-bytecode"]
     r = subprocess.run([sys.executable, "-m", "agentrl.cli", "tasks", "check", str(first), "--hacks-only",
-                        "--grading", "isolated", "--json"],
+                        "--grading", "isolated", "--json", *(f"--hack={h}" for h in chosen)],
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     hacks = json.loads(r.stdout.strip().splitlines()[-1])["hacks"]
-    assert r.returncode == 0 and hacks and [h for h in hacks if h["reward"] != 0.0 or h["problem"]] == []
+    assert r.returncode == 0 and sorted(h["hack"] for h in hacks) == sorted(chosen)
+    assert [h for h in hacks if h["reward"] != 0.0 or h["problem"]] == []

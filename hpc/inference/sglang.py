@@ -131,6 +131,17 @@ def advertised_host(host: str) -> str:
 
 # -- talking to a running server --------------------------------------------------------------------------------
 
+# The control calls' bodies, as SGLang's request types in sglang/srt/managers/io_struct.py take them
+# (tests/test_sglang_contract.py builds those types from these dicts, in SGLang's own code).
+PAUSE_BODY: dict[str, Any] = {}          # PauseGenerationReqInput: mode "abort", SGLang's default
+CONTINUE_BODY: dict[str, Any] = {}       # ContinueGenerationReqInput
+
+
+def update_weights_body(model_path: Path, version: int) -> dict[str, Any]:
+    """UpdateWeightFromDiskReqInput: the checkpoint's HF export, and the version /model_info reports after."""
+    return {"model_path": str(model_path), "weight_version": str(version)}
+
+
 class SGLangError(RuntimeError):
     """A control call failed: the server did not answer, refused, or answered what proves nothing."""
 
@@ -192,17 +203,16 @@ class SGLangClient:
             return {}
 
     def pause(self) -> None:
-        self._post("/pause_generation")
+        self._post("/pause_generation", PAUSE_BODY)
 
     def resume(self) -> None:
-        self._post("/continue_generation")
+        self._post("/continue_generation", CONTINUE_BODY)
 
     def flush_cache(self) -> None:
         self._post("/flush_cache")
 
     def update_weights(self, model_path: Path, version: int) -> None:
-        reply = self._post("/update_weights_from_disk", {"model_path": str(model_path), "weight_version": str(version)},
-                           json_reply=True)
+        reply = self._post("/update_weights_from_disk", update_weights_body(model_path, version), json_reply=True)
         if reply.get("success") is False:
             raise SGLangError(f"{self.url} did not load {model_path}: {reply.get('message', reply)}")
 

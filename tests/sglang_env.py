@@ -55,7 +55,7 @@ def environment(version: str, root: Path) -> Path:
                        capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         shutil.rmtree(target, ignore_errors=True)
-        raise EnvironmentError(f"pip could not install {' '.join(requirements(version))} into {target}: "
+        raise OSError(f"pip could not install {' '.join(requirements(version))} into {target}: "
                                f"{(r.stderr.strip().splitlines() or ['?'])[-1]}")
     stamp.write_text(wanted)
     return target

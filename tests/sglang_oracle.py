@@ -75,7 +75,7 @@ class _StubType(type):
         return iter(())
 
     def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
-        from pydantic_core import core_schema     # a pydantic model with a stub-typed field takes anything there
+        from pydantic_core import core_schema  # a pydantic model with a stub-typed field takes anything there
 
         return core_schema.any_schema()
 
@@ -161,7 +161,8 @@ def parser_names() -> dict[str, list[str]]:
     from sglang.srt.function_call.function_call_parser import FunctionCallParser
     from sglang.srt.parser.reasoning_parser import ReasoningParser
 
-    return {"tool_call": sorted(FunctionCallParser.ToolCallParserEnum), "reasoning": sorted(ReasoningParser.DetectorMap)}
+    return {"tool_call": sorted(FunctionCallParser.ToolCallParserEnum),
+            "reasoning": sorted(ReasoningParser.DetectorMap)}
 
 
 def _handlers(source: str) -> dict[str, ast.AsyncFunctionDef | ast.FunctionDef]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from sglang_env import VERSIONS, environment_or_skip
 
 from agentrl.adapter.limits import SAMPLING_KEYS, sampling_values
 from agentrl.adapter.upstream import UpstreamPool, parse_generation
@@ -30,7 +31,6 @@ from hpc.inference.sglang import (
     SGLangError,
     launch_command,
 )
-from sglang_env import VERSIONS, environment_or_skip
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

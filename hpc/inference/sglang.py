@@ -6,8 +6,9 @@ heartbeat with the weight version the server reports, and stops the whole group.
 one HTTP client of a running server: health and model info for the launcher, and the control calls
 (pause, update weights, flush, release memory) whoever publishes weights makes.
 
-Verified against SGLang 0.5.12 (the version of containers/sglang.def), read in its wheel
-(`pip download sglang==0.5.12 --no-deps`):
+Checked against SGLang's own code, 0.5.12 (the version of containers/sglang.def) and 0.5.23, by
+tests/test_sglang_contract.py (docs/train.md, "Which SGLang versions are tested"); first read in 0.5.12's
+wheel (`pip download sglang==0.5.12 --no-deps`):
 - sglang/srt/server_args.py `add_cli_args`: `--model-path` (alias `--model`), `--tensor-parallel-size`
   / `--tp-size`, `--data-parallel-size` / `--dp-size`, `--mem-fraction-static`, `--host` (default
   127.0.0.1), `--port` (30000), `--context-length`, `--tool-call-parser` and `--reasoning-parser`

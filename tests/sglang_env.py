@@ -56,7 +56,7 @@ def environment(version: str, root: Path) -> Path:
     if r.returncode != 0:
         shutil.rmtree(target, ignore_errors=True)
         raise OSError(f"pip could not install {' '.join(requirements(version))} into {target}: "
-                               f"{(r.stderr.strip().splitlines() or ['?'])[-1]}")
+                      f"{(r.stderr.strip().splitlines() or ['?'])[-1]}")
     stamp.write_text(wanted)
     return target
 

@@ -110,8 +110,9 @@ class Engine:
 
         hf_logging.disable_progress_bar()
         # torch's intra-op threads, for the whole process: one by default. A decode step of a tiny model is too
-        # small to split, and a second thread waiting at each step's barrier while the sandboxes beside it hold
-        # the other core made a step 7x slower (benchmarks/server_threads_bench.py).
+        # small to split well, and the server is never alone on its node: beside one busy core a step took
+        # 21.9 ms on two threads (each step's barrier waits for a core the sandboxes hold) against 6.5 ms on
+        # one; idle, 5.4 against 6.6 (benchmarks/server_threads_bench.py).
         torch.set_num_threads(threads)
         # The forward pass runs on `device` ("cuda" on a GPU node); sampling stays on the CPU, with the
         # same generator and seeds, so a GPU changes the logits' last bits and nothing else.

@@ -3,7 +3,7 @@
 Each side is a fresh process running hpc.inference.cpu_server.Engine.generate on the same request (a
 --prompt-tokens prompt, --new-tokens sampled with a fixed seed, stop tokens ignored) on make learn's model
 (tools/make_tiny_model.py, 128 wide, 4 layers), --repeats times:
-    figure:   threads 1 (the server's default since this benchmark)
+    figure:   threads 1 (hpc.inference.cpu_server.SERVER_THREADS, the server's default since this benchmark)
     baseline: torch's default, one thread per core (what the server ran with before)
 each measured idle and with --busy processes spinning beside it (what a pool's sandboxes and agents do
 to the server on a small node). ms per generated token, the median of the repeats; ratio = figure /
@@ -37,7 +37,8 @@ import torch
 from hpc.inference.cpu_server import Engine
 from hpc.inference.generation import GenerateRequest, parse_sampling
 model, (threads, prompt, new, repeats) = sys.argv[1], map(int, sys.argv[2:6])
-engine = Engine(model, threads=threads or torch.get_num_threads())     # 0: torch's default, one per core
+torch.set_num_threads(threads or torch.get_num_threads())     # 0: torch's default, one per core
+engine = Engine(model)
 ids = tuple(range(10, 10 + prompt))
 request = GenerateRequest(ids, parse_sampling({"max_new_tokens": new, "ignore_eos": True, "sampling_seed": 7}),
                           True, None)

@@ -398,21 +398,24 @@ def test_a_device_torch_cannot_use_is_refused_at_start(tiny_model):
     assert r.returncode == 2 and said in r.stderr, r.stderr
 
 
-def test_the_server_runs_torch_on_the_threads_it_is_given_and_refuses_none(tiny_model):
-    """One intra-op thread by default (benchmarks/server_threads_bench.py: a decode step of a tiny model is
-    slower split over cores that the sandboxes beside it want), more when asked; 0 is refused at start."""
-    import subprocess
-    import sys
-    probe = ("import sys, torch; from hpc.inference.cpu_server import Engine; "
-             "Engine(sys.argv[1], **({'threads': int(sys.argv[2])} if len(sys.argv) > 2 else {})); "
-             "print(torch.get_num_threads())")
-    for given, want in ((None, 1), (2, 2)):
-        argv = [sys.executable, "-c", probe, str(tiny_model), *([str(given)] if given else [])]
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0 and r.stdout.split()[-1] == str(want), r.stderr
-    r = subprocess.run([sys.executable, "-m", "hpc.inference.cpu_server", "--model", str(tiny_model),
-                        "--threads", "0"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "--threads must be 1 or more, got 0" in r.stderr, r.stderr
+def test_the_server_runs_torch_on_the_threads_it_is_given_and_refuses_none(tiny_model, monkeypatch, capsys):
+    """One intra-op thread while it serves unless told otherwise (benchmarks/server_threads_bench.py: a decode
+    step of a tiny model is slower split over cores that the sandboxes beside it want), the process's own count
+    back afterwards; --threads 0 is refused at start."""
+    from hpc.inference import cpu_server
+
+    seen = []
+
+    async def serve(engine, args):
+        seen.append(torch.get_num_threads())
+    monkeypatch.setattr(cpu_server, "serve", serve)
+    before = torch.get_num_threads()
+    for argv, want in (([], cpu_server.SERVER_THREADS), (["--threads", "3"], 3)):
+        assert cpu_server.main(["--model", str(tiny_model), *argv]) == 0
+        assert seen.pop() == want and torch.get_num_threads() == before
+    with pytest.raises(SystemExit) as e:
+        cpu_server.main(["--model", str(tiny_model), "--threads", "0"])
+    assert e.value.code == 2 and "--threads must be 1 or more, got 0" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (tools/gpu_check.sh runs it there)")

@@ -139,3 +139,21 @@ def test_eval_refuses_a_missing_task_set_and_bad_config(tiny_model, tmp_path):
     assert r.returncode == 2 and "eval.n_samples: Input should be greater than 0" in r.stderr
     r = subprocess.run(eval_cmd(), capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 2 and "give a CHECKPOINT, or --watch RUN" in r.stderr
+
+
+def test_the_cpu_engine_serves_on_the_servers_threads_and_gives_the_process_its_own_back(tiny_model, tmp_path):
+    """eval runs the CPU stand-in in its own process, beside the sandboxes: on SERVER_THREADS while it serves."""
+    import torch
+
+    from agentrl.eval.config import EvalConfig
+    from agentrl.eval.score import model_server
+    from hpc.inference.cpu_server import SERVER_THREADS
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(SERVER_THREADS + 1)
+    try:
+        with model_server(EvalConfig(tasks=str(tmp_path)), tiny_model, 0, tmp_path):
+            assert torch.get_num_threads() == SERVER_THREADS
+        assert torch.get_num_threads() == SERVER_THREADS + 1
+    finally:
+        torch.set_num_threads(before)

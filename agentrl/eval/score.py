@@ -63,7 +63,7 @@ def attempt_seed(seed: int, task: str, attempt: int) -> int:
 def model_server(cfg: EvalConfig, model_dir: Path, iteration: int, logs: Path):
     """An inference server on the checkpoint for the duration; its URL."""
     if cfg.engine in ("cpu", "teacher"):
-        from hpc.inference.cpu_server import Engine, ServerThread
+        from hpc.inference.cpu_server import SERVER_THREADS, Engine, ServerThread, torch_threads
 
         engine: Engine
         if cfg.engine == "teacher":
@@ -73,7 +73,7 @@ def model_server(cfg: EvalConfig, model_dir: Path, iteration: int, logs: Path):
                                    weight_version=str(iteration))
         else:
             engine = Engine(model_dir, weight_version=str(iteration), random_seed=cfg.seed)
-        with ServerThread(engine) as server:
+        with torch_threads(SERVER_THREADS), ServerThread(engine) as server:
             yield server.url
         return
     from hpc.inference.sglang import ServerProcess, SGLangConfig, launch_command

@@ -40,8 +40,9 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -99,21 +100,35 @@ class Gate:
             return self.epoch == ticket
 
 
+# torch's intra-op threads while a server runs. A decode step of a tiny model is too small to split well, and the
+# server is never alone on its node: beside one busy core a step took 21.9 ms on two threads (each step's barrier
+# waits for a core the sandboxes hold) against 6.5 ms on one; idle, 5.4 against 6.6
+# (benchmarks/server_threads_bench.py).
+SERVER_THREADS = 1
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads at `n` for the block, then back: the count is the whole process's."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 class Engine:
     """The model, its tokenizer and weight version; one request generates at a time (`generate`)."""
 
     def __init__(self, model_dir: Path | str, *, weight_version: str = "default", random_seed: int = 0,
-                 original_logprob: bool | None = None, device: str = "cpu", threads: int = 1):
-        import torch
+                 original_logprob: bool | None = None, device: str = "cpu"):
         from transformers import AutoTokenizer
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-        # torch's intra-op threads, for the whole process: one by default. A decode step of a tiny model is too
-        # small to split well, and the server is never alone on its node: beside one busy core a step took
-        # 21.9 ms on two threads (each step's barrier waits for a core the sandboxes hold) against 6.5 ms on
-        # one; idle, 5.4 against 6.6 (benchmarks/server_threads_bench.py).
-        torch.set_num_threads(threads)
         # The forward pass runs on `device` ("cuda" on a GPU node); sampling stays on the CPU, with the
         # same generator and seeds, so a GPU changes the logits' last bits and nothing else.
         self.device = device
@@ -429,17 +444,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heartbeat-s", type=float, default=5.0)
     ap.add_argument("--liveness-file", type=Path, help="touched at each heartbeat (hpc.liveness)")
     ap.add_argument("--device", default="cpu", help="where the forward pass runs: cpu (default), cuda, cuda:N")
-    ap.add_argument("--threads", type=int, default=1, help="torch's intra-op threads (default 1)")
+    ap.add_argument("--threads", type=int, default=SERVER_THREADS,
+                    help=f"torch's intra-op threads (default {SERVER_THREADS})")
     args = ap.parse_args(argv)
     _check_device(ap, args.device)
     if args.threads < 1:
         ap.error(f"--threads must be 1 or more, got {args.threads}")
     engine = Engine(args.model, weight_version=args.weight_version, random_seed=args.random_seed,
-                    device=args.device, threads=args.threads)
+                    device=args.device)
     # uvicorn re-raises the signal that stopped it once it is done; by then there is nothing left to do.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    asyncio.run(serve(engine, args))
+    with torch_threads(args.threads):
+        asyncio.run(serve(engine, args))
     print("cpu_server: stopped", flush=True)
     return 0
 

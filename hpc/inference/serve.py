@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..environment import RoleEnv
 from ..runlayout import RunLayout
 from ..validation import problems
+from .cpu_server import SERVER_THREADS
 from .sglang import SGLangConfig, advertised_host
 
 ENGINES = ("sglang", "cpu")
@@ -51,7 +52,7 @@ class CpuServe(BaseModel):
     port: int = Field(default=30000, ge=1, le=65535)
     weight_version: str = "default"
     heartbeat_s: float = Field(default=5.0, gt=0)
-    threads: int = Field(default=1, ge=1)     # torch's intra-op threads (hpc.inference.cpu_server.Engine)
+    threads: int = Field(default=SERVER_THREADS, ge=1)     # torch's intra-op threads while it serves
 
 
 class SGLangServe(SGLangConfig):

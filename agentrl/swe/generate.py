@@ -58,7 +58,7 @@ def verifier_files() -> dict[str, bytes]:
 
 
 @functools.cache
-def _grader() -> dict:
+def shipped_grader() -> dict:
     """grade.py's functions (its log parser), from the very bytes the tasks ship."""
     namespace: dict = {"__name__": "agentrl_task_grade"}
     exec(compile(verifier_files()["grade.py"], "grade.py", "exec"), namespace)
@@ -172,7 +172,7 @@ def _run_tests(repo: Path, python: str) -> tuple[dict[str, str], bool, str]:
     r = subprocess.run([python, *UNITTEST], cwd=repo, capture_output=True, text=True, timeout=120,
                        stdin=subprocess.DEVNULL,
                        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(repo), "LC_ALL": "C.UTF-8"})
-    status, complete = _grader()["parse"](r.stdout + r.stderr)
+    status, complete = shipped_grader()["parse"](r.stdout + r.stderr)
     return status, complete, (r.stdout + r.stderr)[-1500:]
 
 

@@ -22,7 +22,7 @@ from hpc.fsio import write_atomic
 from hpc.sandbox.base import SandboxError
 
 from .. import episode
-from ..generate import UNITTEST, _grader
+from ..generate import UNITTEST, shipped_grader
 from ..loaded import materialize
 from ..sandboxes import task_sandbox
 from ..task import HOST_IMAGE, Resources, TaskSpec, Timeouts
@@ -63,7 +63,7 @@ async def _run_suite(sb, spec: TaskSpec, diff: bytes, timeout_s: float) -> Run:
     await episode.restore(sb, spec, diff)
     r = await sb.exec(["python3", *UNITTEST], user="agent", cwd=spec.workdir, timeout_s=timeout_s)
     log = (r.stdout + r.stderr).decode(errors="replace")
-    status, complete = _grader()["parse"](log)
+    status, complete = shipped_grader()["parse"](log)
     return Run(status, complete and not r.timed_out, r.timed_out, failure_excerpts(log))
 
 

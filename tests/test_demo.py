@@ -50,6 +50,15 @@ def check_run(run_dir: Path) -> None:
     assert final_state(run_dir) == "finished"
 
 
+def what_happened(run_dir: Path, *outputs: bytes) -> str:
+    """A failed run's story: launch's own output, how the run ended, and the end of every role's log."""
+    parts = [o.decode(errors="replace")[-3000:] for o in outputs]
+    end = run_dir / "launch/end.json"
+    parts.append(f"== {end.name}\n{end.read_text() if end.exists() else '(none)'}")
+    parts += [f"== {p.name}\n{p.read_text(errors='replace')[-2500:]}" for p in sorted((run_dir / "logs").glob("*.log"))]
+    return "\n".join(parts)
+
+
 def final_state(run_dir: Path) -> str | None:
     from hpc.launch.state import final_state as state_of
 
@@ -67,8 +76,7 @@ def test_demo_on_the_local_slurm_cluster(slurm_env, demo_config, tmp_path):
     deadline = time.monotonic() + 800
     while final_state(run_dir) is None and time.monotonic() < deadline:
         time.sleep(2)
-    logs = "".join(f"== {p.name}\n{p.read_text()[-2000:]}" for p in (run_dir / "logs").glob("*"))
-    assert final_state(run_dir) == "finished", logs
+    assert final_state(run_dir) == "finished", what_happened(run_dir)
     check_run(run_dir)
     status = subprocess.run([sys.executable, "-m", "agentrl.cli", "status", str(run_dir)], capture_output=True,
                             text=True, timeout=60, cwd=ROOT, env={**os.environ, **slurm_env})
@@ -122,7 +130,7 @@ def test_the_demo_survives_kill_9_of_a_pool_worker_and_the_inference_server_then
     finally:
         if launch.poll() is None:
             launch.kill()
-    assert launch.returncode == 0, err.decode()[-3000:]
+    assert launch.returncode == 0, what_happened(run_dir, out, err)
     # Nothing of the killed worker's sandboxes is left: no supervisor, no fork server (its forwarders
     # were reparented to pid 1 and ran forever before the supervisors).
     deadline = time.monotonic() + 10

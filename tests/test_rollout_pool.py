@@ -125,6 +125,87 @@ def test_a_pool_worker_runs_attempts_end_to_end(run, tiny_model):
             assert s.metadata.timings()[f"{phase}_s"] == round(got[phase][1] - got[phase][0], 3)
 
 
+def test_an_attempt_waits_out_a_dead_model_server_under_its_lease_and_spends_no_try(run, tiny_model):
+    """The registry names a server that is gone (killed; its heartbeat not yet stale): the claimed
+    attempt waits, its lease renewed, boots no sandbox and starts no agent against it (a CLI with a
+    short retry budget would give up and spend the try); once a server answers /health (the restarted
+    one, here at another address) it runs, and commits on its first try."""
+    import socket
+    import time
+
+    config = run.manifest().config
+    train, pool = load_train_config(config["train"]), load_pool_config(config["pool"])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead_port = s.getsockname()[1]      # closed: nothing answers there
+    registry = Registry(run.services_dir)
+    registry.register("inference", 0, host="127.0.0.1", port=dead_port)
+    spans: list[tuple[Claim, str, float, float]] = []
+    with ScriptedUpstream(tiny_model) as upstream:
+        upstream.push(*[step(upstream)] * 2)
+        ledger = Ledger(run.ledger_dir)
+        source = PromptSource(load_prompt_rows(train.prompt_data), rollout_batch_size=1)
+        open_rollout(ledger, source, 0, attempts=1, temperature=train.rollout_temperature)
+
+        async def go():
+            stop = asyncio.Event()
+            worker = PoolWorker(run, pool, train.model, train.prompt_data, on_span=lambda *span: spans.append(span))
+            serving = asyncio.create_task(worker.serve(stop))
+            for _ in range(300):        # claimed, and held while nothing answers
+                if ledger.status(0).claimed == 1:
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(3)
+            held = ledger.status(0)
+            up = time.monotonic()
+            registry.register("inference", 0, host="127.0.0.1", port=int(upstream.url.rsplit(":", 1)[1]))
+            for _ in range(600):
+                if ledger.status(0).committed == 1 or serving.done():
+                    break
+                await asyncio.sleep(0.1)
+            stop.set()
+            return held, up, await serving
+        held, up, counts = asyncio.run(go())
+    assert (held.claimed, held.committed, held.failed) == (1, 0, 0), held
+    assert counts["committed"] == 1 and not counts["infra_failures"] and not counts["errors"], counts
+    (commit,) = ledger.commits(0).values()
+    assert commit.try_index == 0
+    started = {name: start for _, name, start, _ in spans}
+    assert started["claim"] < up < started["boot"], started   # nothing booted before a server was up
+
+
+def test_an_agent_answered_after_a_server_error_owns_its_exit_and_is_graded_on_its_first_try(run, tiny_model):
+    """The model server fails one call (as it does while killed, or SGLang aborting for a weight
+    update); the agent retries, is answered, and exits 2 because that answer was cut at the token
+    limit: the agent's own outcome, graded and trained at reward 0 on try 0, not an infrastructure
+    failure that spends a try (three such in a row failed an attempt for good, and its rollout with it)."""
+    config = run.manifest().config
+    train, pool = load_train_config(config["train"]), load_pool_config({**config["pool"], "max_new_tokens": 64})
+    rambling = {"role": "assistant", "content": "The table " * 100}     # cut at max_new_tokens
+    with ScriptedUpstream(tiny_model) as upstream:
+        upstream.push({"fail": 503}, rambling, rambling)
+        Registry(run.services_dir).register("inference", 0, host="127.0.0.1", port=int(upstream.url.rsplit(":", 1)[1]))
+        ledger = Ledger(run.ledger_dir)
+        source = PromptSource(load_prompt_rows(train.prompt_data), rollout_batch_size=1)
+        open_rollout(ledger, source, 0, attempts=1, temperature=train.rollout_temperature)
+
+        async def go():
+            stop = asyncio.Event()
+            serving = asyncio.create_task(PoolWorker(run, pool, train.model, train.prompt_data).serve(stop))
+            for _ in range(600):
+                if ledger.status(0).committed == 1 or serving.done():
+                    break
+                await asyncio.sleep(0.1)
+            stop.set()
+            return await serving
+        counts = asyncio.run(go())
+    assert counts["committed"] == 1 and not counts["infra_failures"], counts
+    (commit,) = ledger.commits(0).values()
+    assert commit.try_index == 0
+    (sample,) = read_rollout(ledger, run.buffer_dir, 0, SAMPLE_CODEC)[0]
+    assert sample.reward == 0.0 and sample.metadata.exit_code == 2
+
+
 def test_a_record_that_is_not_a_task_fails_its_claim_and_not_the_worker():
     import asyncio
     from collections import Counter
@@ -176,8 +257,11 @@ def test_a_shard_the_filesystem_refuses_fails_the_claim_named_and_not_the_worker
                              cfg=SimpleNamespace(sampling=lambda temperature: {}), on_span=None, counts=Counter(),
                              run=SimpleNamespace(buffer_dir=tmp_path / "buffer", trajectories_dir=tmp_path / "traces"),
                              _fail=fail, ledger=SimpleNamespace(commit=lambda claim, ref: committed.append(ref)))
+    async def up(**kwargs):
+        return "http://model-server"
+    ctx = SimpleNamespace(adapter=SimpleNamespace(pool=SimpleNamespace(wait_healthy=up)))
     claim = Claim(rollout_id=0, group=3, attempt=1, generation=0)
-    asyncio.run(PoolWorker._attempt(worker, None, claim))
+    asyncio.run(PoolWorker._attempt(worker, ctx, claim))
     assert worker.counts["io_errors"] == 1 and not worker.counts["committed"] and committed == []
     (got, reason), = failed
     assert got == claim and reason.startswith("io: ") and "buffer" in reason
@@ -188,7 +272,7 @@ def test_a_shard_the_filesystem_refuses_fails_the_claim_named_and_not_the_worker
     shutil.rmtree(tmp_path / "traces")
     (tmp_path / "traces").write_text("a file where the traces should go")
     failed.clear()
-    asyncio.run(PoolWorker._attempt(worker, None, claim))
+    asyncio.run(PoolWorker._attempt(worker, ctx, claim))
     assert committed == ["rollout_0/g0/3-1-0.msgpack"] and not failed and worker.counts["io_errors"] == 1
 
 

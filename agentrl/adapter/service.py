@@ -201,13 +201,18 @@ class Adapter:
             gen = await self.pool.generate(session.upstream, ids, params)
         except UpstreamError:
             session.stats["upstream_errors"] += 1
+            session.stats["upstream_unanswered"] += 1
             session.upstream = None      # the next turn picks again: maybe another server
             raise
         if gen.finish_reason == "abort":
             # SGLang aborts generations when it pauses to load new weights: a retry gets the new ones.
             session.stats["upstream_aborts"] += 1
+            session.stats["upstream_unanswered"] += 1
             server, session.upstream = session.upstream, None
             raise UpstreamError(f"{server} aborted the generation (reloading weights?)")
+        # The calls that failed since the last answer: an agent that exits while this is not 0 was left
+        # without a model; one that was answered since failed or stopped on its own (rollout.attempt)
+        session.stats["upstream_unanswered"] = 0
         async with session.lock:     # not while a later turn of this session renders in a thread
             t2 = time.perf_counter()
             out = gen.output_ids

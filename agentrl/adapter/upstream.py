@@ -3,12 +3,15 @@
 A session sticks to one server so that its prefix stays in that server's radix cache; with a
 run's service registry, a server whose heartbeat is stale is not picked. A server
 that fails mid-request raises `UpstreamError`: the client gets a retryable error and the
-turn is not recorded.
+turn is not recorded. `wait_healthy` holds work back while no server answers `GET /health` (one
+killed and restarting, SGLang still warming up), so that an outage does not spend it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,6 +22,9 @@ import numpy as np
 import orjson
 
 from hpc.registry import Registry
+
+log = logging.getLogger("agentrl.adapter")
+HEALTH_TIMEOUT_S = 10.0     # one probe; SGLang's /health runs a one-token generation behind the queue
 
 
 class UpstreamError(RuntimeError):
@@ -113,6 +119,32 @@ class UpstreamPool:
             return parse_generation(orjson.loads(r.content))
         except orjson.JSONDecodeError as e:
             raise UpstreamError(f"{url}/generate sent invalid JSON: {e}") from None
+
+    async def healthy(self) -> str | None:
+        """A live server that answers GET /health with 200 now, or None."""
+        for url in list(self.servers()):
+            try:
+                r = await self._client.get(f"{url}/health", timeout=HEALTH_TIMEOUT_S)
+            except httpx.HTTPError:
+                continue
+            if r.status_code == 200:
+                return url
+        return None
+
+    async def wait_healthy(self, poll_s: float = 1.0, *, what: str = "work") -> str:
+        """Return once a server answers /health (at once when one does), saying so in the log when
+        there was a wait: an attempt started against a dead server fails and spends a try of its
+        attempt, and a server killed and restarted would otherwise spend every try in reach."""
+        url = await self.healthy()
+        if url is not None:
+            return url
+        t0 = time.monotonic()
+        log.warning("%s waits: no model server answers /health (%s)", what,
+                    ", ".join(self.servers()) or "none is registered")
+        while (url := await self.healthy()) is None:
+            await asyncio.sleep(poll_s)
+        log.info("%s goes on after %.1f s: %s answers /health", what, time.monotonic() - t0, url)
+        return url
 
     async def aclose(self) -> None:
         await self._client.aclose()

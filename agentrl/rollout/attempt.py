@@ -171,9 +171,13 @@ async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt
             # cannot run in) is not the agent's doing, and there would be nothing to train on anyway.
             raise InfraError(f"the agent exited {run.exit_code} before calling the model: "
                              f"{run.stderr.decode(errors='replace').strip()[-800:]}")
-        if run.exit_code != 0 and (stats.get("upstream_errors") or stats.get("upstream_aborts")):
-            raise InfraError(f"the agent exited {run.exit_code} after {stats.get('upstream_errors', 0)} model-server "
-                             f"errors: the model server, not the agent, failed")
+        if run.exit_code != 0 and stats.get("upstream_unanswered"):
+            # Left without a model at the end. Errors or aborts it got answers after (a weight update's
+            # abort, a server restarted) are not why it stopped: its outcome is its own, graded.
+            raise InfraError(f"the agent exited {run.exit_code} with its last {stats['upstream_unanswered']} model "
+                             f"calls unanswered ({stats.get('upstream_errors', 0)} errors, "
+                             f"{stats.get('upstream_aborts', 0)} aborts in all): the model server, not the agent, "
+                             f"failed")
         empty = classify_empty_patch(run.exit_code, not (diff or b"").strip(), trajectory)
         if decide(cfg.empty_patch_policy, empty) == "retry" and diff is not None:
             raise InfraError(f"empty patch ({empty.value}) and empty_patch_policy=abort")

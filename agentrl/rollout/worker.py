@@ -9,8 +9,11 @@ its config samples at the trainer's temperature; if not it refuses the rollout a
 One worker per CPU node. It serves one adapter (a Unix socket that every sandbox gets) and runs
 attempts concurrently: at most `max_booting` sandboxes booting or grading and `max_agents` agents
 at once. Each attempt's lease is renewed while it runs; a lost lease cancels the attempt (another
-worker has it). One bad attempt never stops the worker: an infrastructure failure fails the claim
-(the ledger retries it within max_tries), anything unexpected is logged and failed the same way.
+worker has it). An attempt starts only once a model server answers /health: while none does (one
+killed and restarting), claimed attempts wait under their leases instead of failing, so that an
+outage of the server does not spend the tries of every attempt in reach (max_tries). One bad
+attempt never stops the worker: an infrastructure failure fails the claim (the ledger retries it
+within max_tries), anything unexpected is logged and failed the same way.
 
 Timing (benchmarks/rollout_bench.py): `on_span(claim, name, start, end)`, in time.monotonic seconds,
 hears each of SPANS of every attempt as it ends: its claim, the whole run_attempt, the phases inside it
@@ -170,6 +173,8 @@ class PoolWorker:
             return
         span: SpanSink = no_span if self.on_span is None else partial(self.on_span, claim)
         started = time.monotonic()
+        # No server up (killed, restarting, warming): wait under the renewed lease rather than spend a try
+        await ctx.adapter.pool.wait_healthy(what=where)
         try:
             outcome = await run_attempt(ctx, task, group=claim.group, attempt=claim.attempt, sampling=sampling,
                                         on_span=span)

@@ -9,9 +9,14 @@ STAMP := $(VENV)/.installed
 .PHONY: test test-fast test-unit demo learn sysdeps venv clis cluster-up cluster-down bench lint clean scripts \
 	gpu-wheels gpu-check gluster-up gluster-down
 
-# Every tier (setup.cfg's markers: unit, integration, slurm, e2e), as CI runs it; ends with the 25 slowest tests.
+# Every tier (setup.cfg's markers: unit, integration, slurm, e2e), as CI runs it: on TEST_WORKERS pytest-xdist
+# workers (each module's tests on one, the modules with slow tests first: tests/conftest.py), then the tests
+# marked alone, one at a time with the machine to themselves; each part ends with its slowest tests.
+# (pytest's exit 5 is "nothing selected": PYTEST_ARGS may select tests of one part only.)
+TEST_WORKERS ?= 2
 test: sysdeps venv cluster-up clis
-	$(BIN)/pytest --durations=25 $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m "not alone" --durations=25 $(PYTEST_ARGS) || test $$? -eq 5
+	$(BIN)/pytest -m alone --durations=5 $(PYTEST_ARGS) || test $$? -eq 5
 
 # The whole loop on this machine (configs/tiny-local.yaml): CPU inference with a tiny model, bubblewrap
 # sandboxes, the builtin agent, the bundled tasks, the torch trainer; then each checkpoint's eval, the report, and

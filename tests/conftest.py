@@ -30,6 +30,11 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.slurm)
         if not any(item.get_closest_marker(tier) for tier in TIERS):
             item.add_marker(pytest.mark.unit)
+    # `make test` runs the suite on pytest-xdist workers, a module's tests on one (--dist loadfile, so that
+    # its module fixtures are made once) in this order: the modules with a slow test first, so that the last
+    # to finish is not a long one drawn late.
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
 
 
 @pytest.fixture(scope="session")

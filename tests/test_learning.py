@@ -30,6 +30,7 @@ MIN_GAIN = 0.4     # nats: unchanged runs +0.63 to +1.02, without a learning sig
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.slow,
+    pytest.mark.alone,      # both cores: beside other tests its torch threads wait on each other (docs/testing.md)
     pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0,
                        reason="needs bubblewrap (make sysdeps) and root for overlay mounts"),
 ]

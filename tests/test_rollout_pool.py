@@ -43,7 +43,18 @@ DONE = {"role": "assistant", "content": "Fixed the subtractive pairs.", "reasoni
 
 
 @pytest.fixture
-def run(tiny_model, tmp_path):
+def scratch():
+    """The pool's scratch directory, short: the adapter's socket path in it must fit a socket's address
+    (107 bytes), which pytest-xdist's deeper tmp_path does not leave room for."""
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="pool-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def run(tiny_model, tmp_path, scratch):
     prompts = tmp_path / "prompts.jsonl"
     subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(BUNDLED_TASKS / "roman-subtractive"),
                     "--out", str(prompts)], check=True, capture_output=True, cwd=ROOT)
@@ -51,7 +62,7 @@ def run(tiny_model, tmp_path):
         "train": {"model": str(tiny_model), "prompt_data": str(prompts), "num_rollouts": 1, "rollout_batch_size": 1,
                   "n_samples_per_prompt": 2},
         "pool": {"harness": "builtin", "max_agents": 2, "max_booting": 2, "lease_s": 30, "poll_s": 0.1,
-                 "tools_dir": str(tmp_path / "tools"), "scratch_dir": str(tmp_path / "scratch")}})
+                 "tools_dir": str(tmp_path / "tools"), "scratch_dir": str(scratch)}})
 
 
 def step(upstream):
@@ -62,7 +73,6 @@ def step(upstream):
 
 
 def test_a_pool_worker_runs_attempts_end_to_end(run, tiny_model):
-    (Path(run.root).parent / "scratch").mkdir()
     config = run.manifest().config
     train, pool = load_train_config(config["train"]), load_pool_config(config["pool"])
     with ScriptedUpstream(tiny_model) as upstream:
@@ -311,7 +321,6 @@ def test_what_the_agent_breaks_is_its_outcome_trained_at_reward_0_and_never_retr
     config = run.manifest().config
     train, pool = load_train_config(config["train"]), load_pool_config(
         {**config["pool"], "max_agents": 1, "agent_timeout_s": 10})
-    (tmp_path / "scratch").mkdir()
     record = json.loads(Path(train.prompt_data).read_text())
     record["metadata"].update(image=str(tmp_path / "rootfs"),
                               resources={"cpus": 1.0, "mem_mb": 256, "pids": 64, "storage_mb": 48})

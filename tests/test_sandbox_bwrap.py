@@ -156,6 +156,7 @@ asyncio.run(main())
     assert not orphans_named(FORK_SERVER_NAME) - forks_before   # its fork server went too
 
 
+@pytest.mark.alone      # any sandbox that starts on the machine reaps the dead one's cgroups, another test's too
 def test_a_killed_supervisor_takes_its_sandbox_with_it_and_the_next_one_reaps(repo, tmp_path):
     scratch = tmp_path / "scratch"
     scratch.mkdir()

@@ -24,7 +24,7 @@ import orjson
 from hpc.registry import Registry
 
 log = logging.getLogger("agentrl.adapter")
-HEALTH_TIMEOUT_S = 10.0     # one probe; SGLang's /health runs a one-token generation behind the queue
+HEALTH_TIMEOUT_S = 30.0     # one probe: an idle SGLang generates a token to answer /health, and gives up at 20 s
 
 
 class UpstreamError(RuntimeError):

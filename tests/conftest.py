@@ -1,4 +1,6 @@
+import functools
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -35,6 +37,34 @@ def pytest_collection_modifyitems(items):
     # to finish is not a long one drawn late.
     slow = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow)
+
+
+# Side by side, two tests' jobs on the one local Slurm cluster compete for its three nodes and time each
+# other out (CI after stop 36: a requeue and a resume test failed together, each passing alone and beside
+# CPU load). So under xdist every module that uses the cluster (the slurm_env or slurm_conf fixture) is one
+# unit of work, its modules run one after another on one worker, while the other takes the rest.
+USES_CLUSTER = re.compile(r"\bslurm_(?:env|conf)\b")
+CLUSTER_SCOPE = "the local Slurm cluster"
+
+
+@functools.cache
+def uses_cluster(module: str) -> bool:
+    path = ROOT / module
+    return path.suffix == ".py" and path.exists() and USES_CLUSTER.search(path.read_text()) is not None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ClusterScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return CLUSTER_SCOPE if uses_cluster(module) else module
+
+    return ClusterScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

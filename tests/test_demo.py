@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from proc_table import orphans_named
+from run_story import what_happened
 
 from agentrl.swe.harbor import BUNDLED_TASKS
 from hpc.runlayout import RunLayout
@@ -48,15 +49,6 @@ def check_run(run_dir: Path) -> None:
     assert all(m["attempts"] == 8 and m["groups"] == 4 and m["metric_input_errors"] == 0 for m in lines)
     assert [m.get("weight_version") for m in lines] == [1, 2, None]     # published after rollouts 0 and 1
     assert final_state(run_dir) == "finished"
-
-
-def what_happened(run_dir: Path, *outputs: bytes) -> str:
-    """A failed run's story: launch's own output, how the run ended, and the end of every role's log."""
-    parts = [o.decode(errors="replace")[-3000:] for o in outputs]
-    end = run_dir / "launch/end.json"
-    parts.append(f"== {end.name}\n{end.read_text() if end.exists() else '(none)'}")
-    parts += [f"== {p.name}\n{p.read_text(errors='replace')[-2500:]}" for p in sorted((run_dir / "logs").glob("*.log"))]
-    return "\n".join(parts)
 
 
 def final_state(run_dir: Path) -> str | None:

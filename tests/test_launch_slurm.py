@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import yaml
+from run_story import what_happened
 from test_launch_local import (
     ROOT,
     probes,
@@ -129,6 +130,6 @@ def test_requeue_signal_checkpoints_and_the_run_resumes(slurm_env, tmp_path, exe
         (run / "probe" / "finish").write_text("")
         wait_until(lambda: squeue_empty(slurm_env, jobs), 90, "jobs to end")
         status = agentrl(slurm_env, "status", str(run)).stdout
-        assert "run probe-run: finished" in status, status
+        assert "run probe-run: finished" in status, status + what_happened(run)
     finally:
         subprocess.run(["scancel", *jobs.split(",")], env=slurm_env)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from run_story import what_happened
 from waiting import wait_until
 
 from hpc.ledger import Ledger
@@ -149,6 +150,6 @@ def test_a_cancelled_slurm_job_is_continued_by_the_same_launch(slurm_env, tiny_m
         assert ("continuing run" in r.stdout) == (run_dir == stopped), r.stdout
     for run_dir in (stopped, straight):
         wait_until(lambda d=run_dir: final_state(RunLayout.open(d)) is not None, 600, f"{run_dir.name} to end")
-        assert final_state(RunLayout.open(run_dir)) == "finished", (run_dir / "launch/run.json").read_text()
+        assert final_state(RunLayout.open(run_dir)) == "finished", what_happened(run_dir)
     assert sorted(trained(straight)) == list(range(8))
     assert groups(stopped) == groups(straight) and trained(stopped) == trained(straight)

@@ -18,14 +18,21 @@ def padded_tokens(batch: RolloutBatch, indices: list[int]) -> Tensor:
     return ids
 
 
-def response_slices(per_position: Tensor, batch: RolloutBatch, indices: list[int]) -> Tensor:
-    """Each sample's response entries of a [samples, positions] tensor over the next-token predictions."""
+def response_slices(per_position: Tensor, batch: RolloutBatch, indices: list[int], first: int = 0) -> Tensor:
+    """Each sample's response entries of a [samples, positions] tensor over the next-token predictions,
+    whose column 0 is position `first` (first_predictor)."""
     pieces = []
     for row, i in enumerate(indices):
         s = batch.samples[i]
         start = len(s.tokens) - s.response_length      # token t is predicted at position t - 1
-        pieces.append(per_position[row, start - 1:len(s.tokens) - 1])
+        pieces.append(per_position[row, start - 1 - first:len(s.tokens) - 1 - first])
     return torch.cat(pieces)
+
+
+def first_predictor(batch: RolloutBatch, indices: list[int]) -> int:
+    """The first position whose prediction is a response token, over the micro-batch: the positions
+    before it (every sample's prompt, most of its tokens) need no logits."""
+    return min(len(batch.samples[i].tokens) - batch.samples[i].response_length for i in indices) - 1
 
 
 def token_inputs(batch: RolloutBatch, plan: StepPlan, indices: list[int]) -> dict[str, Tensor]:

@@ -20,7 +20,7 @@ from torch import Tensor
 from .batch import RolloutBatch, StepPlan
 from .config import TrainConfig
 from .loss import policy_loss
-from .tensors import padded_tokens, response_slices, token_inputs
+from .tensors import first_predictor, padded_tokens, response_slices, token_inputs
 
 if TYPE_CHECKING:
     from .sft import SFTConfig
@@ -74,9 +74,14 @@ class TorchPolicy:
         """Log-probs of each sample's response tokens under `model`, flat over the micro-batch."""
         ids = padded_tokens(batch, indices).to(self.device)
         mask = (torch.arange(ids.shape[1]) < torch.tensor([len(batch.samples[i].tokens) for i in indices])[:, None])
-        logits = model(input_ids=ids, attention_mask=mask.long().to(self.device)).logits[:, :-1].float()
-        logp = torch.log_softmax(logits / self.cfg.rollout_temperature, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-        return response_slices(logp, batch, indices)
+        # Logits (and their log-softmax over the vocabulary, forward and backward) from the first response
+        # token's predictor on: an agent's prompt is most of its tokens (benchmarks/train_bench.py (b)).
+        first = first_predictor(batch, indices)
+        logits = model(input_ids=ids, attention_mask=mask.long().to(self.device),
+                       logits_to_keep=ids.shape[1] - first).logits[:, :-1].float()
+        logp = torch.log_softmax(logits / self.cfg.rollout_temperature, dim=-1)
+        logp = logp.gather(-1, ids[:, first + 1:, None]).squeeze(-1)
+        return response_slices(logp, batch, indices, first)
 
     # ------------------------------------------------------------ one optimizer step
 

@@ -63,8 +63,9 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 clis: venv
 	@AGENTRL_PYTHON=$(BIN)/python tools/install_agent_clis.sh
 
-cluster-up: venv
-	$(BIN)/agentrl cluster up
+# The local Slurm cluster (hpc/localcluster), its nodes sharing a GlusterFS volume, each through a client of its own
+cluster-up: sysdeps venv
+	$(BIN)/agentrl cluster up --shared
 
 cluster-down:
 	$(BIN)/agentrl cluster down

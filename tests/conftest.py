@@ -103,3 +103,23 @@ def slurm_conf() -> Path:
 def slurm_env(slurm_conf, monkeypatch) -> dict:
     monkeypatch.setenv("SLURM_CONF", str(slurm_conf))
     return {**os.environ, "SLURM_CONF": str(slurm_conf)}
+
+
+@pytest.fixture
+def cluster_shared(slurm_conf, tmp_path):
+    """A fresh directory on the local cluster's shared filesystem, which this machine and each node mount
+    as clients of their own (`agentrl cluster up --shared`, what `make cluster-up` runs). Skips (locally) or
+    fails (under CI) where the cluster has none."""
+    from hpc.localcluster import shared_path
+
+    path = shared_path(CLUSTER_DIR)
+    if path is None or not os.path.ismount(path):
+        where = "" if path is None else f" ({path} is not mounted)"
+        problem = f"the local Slurm cluster has no shared filesystem{where}: run `agentrl cluster up --shared`"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the shared-filesystem tests: {problem}")
+        pytest.skip(problem)
+    where = path / f"{os.getpid()}-{tmp_path.name}"
+    where.mkdir()
+    yield where
+    shutil.rmtree(where, ignore_errors=True)

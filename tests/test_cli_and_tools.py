@@ -42,12 +42,20 @@ def test_ledger_status_of_a_run(tmp_path, capsys):
 
 @pytest.mark.integration
 def test_benchmark_prints_its_figures_as_json_last(tmp_path):
+    (shared := tmp_path / "shared").mkdir()
+    (local := tmp_path / "local").mkdir()
     r = subprocess.run([sys.executable, "-m", "benchmarks.ledger_bench", "--procs", "1,2", "--pairs", "64",
-                        "--outstanding", "40,400", "--workers", "50", "--dir", str(tmp_path), "--json"],
-                       capture_output=True, text=True, timeout=120, check=True, cwd=ROOT)
+                        "--outstanding", "40,400", "--workers", "50", "--dir", str(shared), "--beside", str(local),
+                        "--json"], capture_output=True, text=True, timeout=120, check=True, cwd=ROOT)
     figures = json.loads(r.stdout.strip().splitlines()[-1])
     assert [row["procs"] for row in figures["results"]] == [1, 2]
-    for row in figures["results"]:
+    # --beside: the throughput rows again on the second filesystem, and today's pairs/s on each with the ratio
+    assert figures["beside"]["filesystem"] == str(local)
+    assert [row["procs"] for row in figures["beside"]["results"]] == [1, 2]
+    ratios = [line.split()[-1] for line in r.stdout.split(f"beside {local}\n")[1].splitlines()[1:3]]
+    assert ratios == [f"{a['after']['pairs_per_s'] / b['after']['pairs_per_s']:.2f}x"
+                      for a, b in zip(figures["results"], figures["beside"]["results"], strict=True)]
+    for row in figures["results"] + figures["beside"]["results"]:
         assert row["floor_ops_per_s"] > 0 and row["floor_op_p99_ms"] >= row["floor_op_p50_ms"] > 0
         for design in ("before", "after"):     # the claim before issue 17 beside today's, in the same run
             m = row[design]
@@ -66,7 +74,8 @@ def test_benchmark_prints_its_figures_as_json_last(tmp_path):
         assert row["ratio"] == pytest.approx(row["before"]["calls_per_pair"] / row["after"]["calls_per_pair"], abs=0.1)
     for flag, value, message in (("--procs", "0", "--procs must be positive integers"),
                                  ("--outstanding", "1", "--outstanding must be integers of at least 2"),
-                                 ("--workers", "0", "--workers must be at least 1")):
+                                 ("--workers", "0", "--workers must be at least 1"),
+                                 ("--beside", str(tmp_path / "nowhere"), "is not a directory")):
         bad = subprocess.run([sys.executable, "-m", "benchmarks.ledger_bench", flag, value],
                              capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert bad.returncode == 2 and message in bad.stderr

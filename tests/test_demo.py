@@ -17,7 +17,7 @@ import pytest
 from proc_table import orphans_named
 from run_story import what_happened
 
-from agentrl.swe.harbor import BUNDLED_TASKS
+from benchmarks.shared_fs_bench import place_demo
 from hpc.runlayout import RunLayout
 from hpc.sandbox.supervisor import FORK_SERVER_NAME, SUPERVISOR_NAME
 
@@ -30,15 +30,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow,
 
 @pytest.fixture
 def demo_config(tiny_model, tmp_path) -> Path:
-    """configs/tiny-local.yaml with its assets where its relative paths look for them."""
-    (tmp_path / "configs").mkdir()
-    shutil.copy(ROOT / "configs/tiny-local.yaml", tmp_path / "configs/tiny-local.yaml")
-    assets = tmp_path / ".cache/demo"
-    assets.mkdir(parents=True)
-    (assets / "tiny-model").symlink_to(tiny_model)
-    subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(BUNDLED_TASKS), "--out",
-                    str(assets / "prompts.jsonl")], check=True, capture_output=True, cwd=ROOT)
-    return tmp_path / "configs/tiny-local.yaml"
+    return place_demo(tmp_path, tiny_model, link_model=True)
 
 
 def check_run(run_dir: Path) -> None:
@@ -59,8 +51,13 @@ def final_state(run_dir: Path) -> str | None:
 
 @pytest.mark.slurm
 @pytest.mark.timeout(900)
-def test_demo_on_the_local_slurm_cluster(slurm_env, demo_config, tmp_path):
-    run_dir = tmp_path / "runs/demo-slurm"
+def test_demo_on_the_local_slurm_cluster_with_its_files_on_the_shared_filesystem(slurm_env, cluster_shared,
+                                                                                 tiny_model):
+    """The shipped config as an sbatch job, its config, model, prompt data, run directory and checkpoints
+    on the cluster's shared filesystem: the trainer and inference on gpu1's client of the volume, the pool on
+    cpu1's and cpu2's, this machine (the login node) on its own; then the report and the viewer's site."""
+    demo_config = place_demo(cluster_shared, tiny_model)
+    run_dir = cluster_shared / "runs/demo-slurm"
     r = subprocess.run([sys.executable, "-m", "agentrl.cli", "launch", str(demo_config), "--executor", "sbatch",
                         "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=120, cwd=ROOT,
                        env=slurm_env)
@@ -74,6 +71,12 @@ def test_demo_on_the_local_slurm_cluster(slurm_env, demo_config, tmp_path):
                             text=True, timeout=60, cwd=ROOT, env={**os.environ, **slurm_env})
     assert "finished" in status.stdout and "latest checkpoint: iter_3" in status.stdout
     assert "rollout 2: closed, 4 groups complete; attempts 8 committed" in status.stdout
+    for cmd in (["report", str(run_dir)], ["view", str(run_dir), "--quiet"]):
+        r = subprocess.run([sys.executable, "-m", "agentrl.cli", *cmd], capture_output=True, text=True, timeout=300,
+                           cwd=ROOT)
+        assert r.returncode == 0, r.stderr[-3000:]
+    assert "iter_3" in (run_dir / "report.md").read_text()
+    assert len(list((run_dir / "view").glob("rollout_*/*-*.html"))) == 24     # every attempt's page
 
 
 @pytest.mark.timeout(900)

@@ -2,11 +2,13 @@
 
 import os
 import subprocess
+import sys
 import time
 
 import pytest
 
 from hpc.localcluster import CLUSTER_SCRIPT as CLUSTER
+from hpc.localcluster import SHARED_VOLUME, glusterfs
 
 pytestmark = pytest.mark.slurm
 
@@ -66,19 +68,27 @@ def test_up_is_idempotent_and_down_stops_only_its_own_daemons(slurm_env, tmp_pat
     r = subprocess.run(["bash", str(CLUSTER), "up"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "idle" in r.stdout, r.stderr
 
-    # A second cluster beside the first, with its own directory and ports.
+    # A second cluster beside the first, with its own directory and ports, and a shared filesystem of its own.
     other = {**os.environ, "AGENTRL_CLUSTER_DIR": str(tmp_path / "c2"), "AGENTRL_CLUSTER_PORT": "6917"}
     other.pop("SLURM_CONF", None)
+    agentrl_cluster = [sys.executable, "-m", "agentrl.cli", "cluster"]
     try:
-        r = subprocess.run(["bash", str(CLUSTER), "up"], env=other, capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0, r.stderr
+        r = subprocess.run([*agentrl_cluster, "up", "--shared"], env=other, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        volume = glusterfs.Volume.load(tmp_path / "c2" / SHARED_VOLUME)
+        assert f"shared filesystem: {volume.clients[0]} on every node" in r.stdout
         pids = [int(p.read_text()) for p in (tmp_path / "c2" / "run").glob("*.pid")]
-        assert len(pids) == 5  # munged, slurmctld, three slurmd
+        assert len(pids) == 8  # munged, slurmctld, three slurmd, each with its own client of the volume
     finally:
-        subprocess.run(["bash", str(CLUSTER), "down"], env=other, check=True, timeout=60)
+        subprocess.run([*agentrl_cluster, "down"], env=other, check=True, timeout=120)
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+    assert not os.path.ismount(volume.clients[0])
+    assert volume.name not in subprocess.run(["pgrep", "-af", "gluster"], capture_output=True, text=True).stdout
+    r = subprocess.run([*agentrl_cluster, "down", "--shared"], env=other, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--shared goes with up, not down" in r.stderr
     nodes = subprocess.run(["sinfo", "-h", "-N", "-p", "all", "-o", "%N %T"], env=slurm_env,
                            capture_output=True, text=True, check=True).stdout
     # The first cluster's every node still answers (another test's job may hold one: mixed or allocated);
@@ -101,3 +111,27 @@ def test_up_reports_what_failed_with_the_log_path(tmp_path):
         subprocess.run(["bash", str(CLUSTER), "down"], env=env, timeout=60)
     assert r.returncode != 0
     assert "munged did not start" in r.stderr and str(tmp_path / "bad" / "log") in r.stderr
+
+
+def test_the_nodes_share_a_filesystem_each_through_a_client_of_its_own(slurm_env, cluster_shared):
+    """`agentrl cluster up --shared`: in every node's jobs the shared path is a GlusterFS mount of the node's
+    own (a mount namespace per slurmd), not this machine's; what one node writes the others read."""
+    mount_point = cluster_shared.parent
+    probe = (f"echo $SLURMD_NODENAME $(readlink /proc/self/ns/mnt) "
+             f"$(awk '$5 == \"{mount_point}\" {{for (i = 7; $i != \"-\"; i++); print $3 \"|\" $(i + 1)}}' "
+             f"/proc/self/mountinfo); "
+             f"echo written on $SLURMD_NODENAME > {cluster_shared}/from-$SLURMD_NODENAME")
+    out = subprocess.run(["srun", "-N3", "-w", "gpu1,cpu1,cpu2", "--time=1", "bash", "-c", probe], env=slurm_env,
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    seen = {node: rest for node, *rest in (line.split() for line in out.splitlines())}
+    assert sorted(seen) == ["cpu1", "cpu2", "gpu1"], out
+    namespaces = {ns for ns, *_ in seen.values()}
+    assert len(namespaces) == 3 and os.readlink("/proc/self/ns/mnt") not in namespaces, out
+    mounts = [mount for _, *mount in seen.values()]         # one mount at the path each, the host's gone
+    assert all(len(m) == 1 and m[0].endswith("|fuse.glusterfs") for m in mounts), out
+    here = f"{os.major(os.stat(mount_point).st_dev)}:{os.minor(os.stat(mount_point).st_dev)}"
+    assert len({m[0] for m in mounts} | {f"{here}|fuse.glusterfs"}) == 4, (here, out)   # four clients
+    assert sorted(p.name for p in cluster_shared.iterdir()) == ["from-cpu1", "from-cpu2", "from-gpu1"]
+    read = subprocess.run(["srun", "-w", "gpu1", "--time=1", "cat", f"{cluster_shared}/from-cpu1"], env=slurm_env,
+                          capture_output=True, text=True, timeout=120, check=True).stdout
+    assert read == "written on cpu1\n"

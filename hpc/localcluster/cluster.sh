@@ -9,6 +9,10 @@
 #
 # Everything lives under $AGENTRL_CLUSTER_DIR (default ~/.local/state/agentrl/local-cluster):
 # slurm.conf, gres.conf, the munge key and socket, state, spool, logs, pid files.
+#
+# With AGENTRL_CLUSTER_SHARED (a path) and AGENTRL_CLUSTER_MOUNT (a command that mounts the shared
+# volume at the path it is given last; `agentrl cluster up --shared` sets both), each slurmd runs in a
+# mount namespace of its own where that path is the node's own mount of the volume.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -69,10 +73,30 @@ start_slurm() {
       || die "slurmctld did not start; see $D/log/slurmctld.log"
   fi
   for n in "${NODES[@]}"; do
-    alive "$D/run/slurmd-$n.pid" && continue
-    slurmd -N "$n" -L "$D/log/slurmd-$n.log" \
-      || die "slurmd $n did not start; see $D/log/slurmd-$n.log"
+    if alive "$D/run/slurmd-$n.pid"; then
+      # a node up without its own client of the shared volume is started again with one
+      [[ -z ${AGENTRL_CLUSTER_SHARED:-} ]] || alive "$D/run/glusterfs-$n.pid" && continue
+      stop_pid "$D/run/slurmd-$n.pid"
+    fi
+    start_slurmd "$n"
   done
+}
+
+start_slurmd() {
+  local n=$1
+  if [[ -z ${AGENTRL_CLUSTER_SHARED:-} ]]; then
+    slurmd -N "$n" -L "$D/log/slurmd-$n.log" || die "slurmd $n did not start; see $D/log/slurmd-$n.log"
+    return
+  fi
+  # The namespace lives as long as a process in it: slurmd, its job steps, and the node's FUSE client
+  # (both daemonize). Private propagation: the host's mount, lazily unmounted here, stays the host's.
+  stop_pid "$D/run/glusterfs-$n.pid"
+  unshare --mount --propagation private -- bash -c '
+    umount -l "$1" && $2 --pid-file="$3" --log-file="$4" "$1" && mountpoint -q "$1" \
+      || { echo "mounting the shared volume at $1 failed; see $4" >&2; exit 1; }
+    exec slurmd -N "$5" -L "$6"' _ "$AGENTRL_CLUSTER_SHARED" "$AGENTRL_CLUSTER_MOUNT" \
+    "$D/run/glusterfs-$n.pid" "$D/log/glusterfs-$n.log" "$n" "$D/log/slurmd-$n.log" \
+    || die "slurmd $n did not start on its own client of $AGENTRL_CLUSTER_SHARED; see $D/log/slurmd-$n.log"
 }
 
 wait_idle() {
@@ -104,7 +128,7 @@ stop_pid() {
 }
 
 stop_slurm() {
-  for n in "${NODES[@]}"; do stop_pid "$D/run/slurmd-$n.pid"; done
+  for n in "${NODES[@]}"; do stop_pid "$D/run/slurmd-$n.pid"; stop_pid "$D/run/glusterfs-$n.pid"; done
   stop_pid "$D/run/slurmctld.pid"
 }
 
@@ -122,7 +146,8 @@ case ${1:-} in
     echo "cluster: down"
     ;;
   status)
-    for p in munged slurmctld "${NODES[@]/#/slurmd-}"; do
+    for p in munged slurmctld "${NODES[@]/#/slurmd-}" "${NODES[@]/#/glusterfs-}"; do
+      [[ $p != glusterfs-* || -f $D/run/$p.pid ]] || continue
       if alive "$D/run/$p.pid"; then echo "$p: running (pid $(cat "$D/run/$p.pid"))"; else echo "$p: stopped"; fi
     done
     # A stopped cluster is an answer, not a failure: exit 0 unless sinfo itself fails.

@@ -15,8 +15,10 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from . import glusterfs
+if TYPE_CHECKING:       # imported where used: `python -m hpc.localcluster.glusterfs` runs it as __main__
+    from . import glusterfs
 
 CLUSTER_SCRIPT = Path(__file__).resolve().with_name("cluster.sh")
 ACTIONS = ("up", "down", "status", "env")
@@ -30,6 +32,8 @@ def cluster_dir() -> Path:
 
 def shared_path(root: Path | None = None) -> Path | None:
     """The path every node of the cluster sees the shared volume at (None: the cluster has none)."""
+    from . import glusterfs
+
     try:
         vol = glusterfs.Volume.load((root or cluster_dir()) / SHARED_VOLUME)
     except FileNotFoundError:
@@ -39,6 +43,8 @@ def shared_path(root: Path | None = None) -> Path | None:
 
 def _shared_volume(root: Path) -> glusterfs.Volume:
     """The cluster's volume, made unless it is up and mounted here (a reboot leaves its record, not its mount)."""
+    from . import glusterfs
+
     where = root / SHARED_VOLUME
     if (where / glusterfs.STATE).exists():
         vol = glusterfs.Volume.load(where)
@@ -52,6 +58,8 @@ def run(action: str, *, shared: bool = False) -> int:
     """`cluster.sh ACTION` (one of ACTIONS); its output goes to this process's stdout and stderr."""
     if action not in ACTIONS:
         raise ValueError(f"unknown local cluster action {action!r}; known: {', '.join(ACTIONS)}")
+    from . import glusterfs
+
     root = cluster_dir()
     env = dict(os.environ)
     if action == "up" and (shared or shared_path(root)):

@@ -135,8 +135,9 @@ def up(root: Path | str, *, clients: int = 3, cache_s: float | None = None) -> V
     vol.save()       # from here on, down() undoes whatever was done
     try:
         (root / "brick").mkdir(exist_ok=True)
-        # force: the brick is on the root filesystem, which gluster refuses by default
-        _cli("volume", "create", vol.name, f"{socket.gethostname()}:{root / 'brick' / 'data'}", "force")
+        # force: the brick is on the root filesystem, which gluster refuses by default. The brick's directory is
+        # the volume's own: a volume left in glusterd's state (its down found no glusterd) keeps its path.
+        _cli("volume", "create", vol.name, f"{socket.gethostname()}:{root / 'brick' / vol.name}", "force")
         _cli("volume", "start", vol.name)
         for target in vol.clients:
             os.makedirs(target, exist_ok=True)
@@ -163,18 +164,21 @@ def down(root: Path | str) -> None:
             subprocess.run(["umount", "-l", target], capture_output=True, timeout=60)
         if pid and pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
-    if _glusterd_up():
-        for args in (("volume", "stop", vol.name, "force"), ("volume", "delete", vol.name)):
-            subprocess.run(["gluster", "--mode=script", *args], capture_output=True, timeout=60)
+    # A glusterd stopped since `up` (another volume's `down` stops the one it started) leaves this volume's
+    # brick running and the volume in its state: start one to stop and delete it, and stop that one after.
+    started_here = _start_glusterd()
+    for args in (("volume", "stop", vol.name, "force"), ("volume", "delete", vol.name)):
+        subprocess.run(["gluster", "--mode=script", *args], capture_output=True, timeout=60)
     # glusterd runs its hook scripts for the volume's stop and delete after answering: wait for them
     deadline = time.monotonic() + 15
     while _processes_naming(vol.name) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if vol.glusterd_pid and pid_alive(vol.glusterd_pid):
-        os.kill(vol.glusterd_pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while pid_alive(vol.glusterd_pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
+    for pid in (vol.glusterd_pid, started_here):
+        if pid and pid_alive(pid):
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
     shutil.rmtree(root / "brick", ignore_errors=True)
     (root / STATE).unlink(missing_ok=True)
 

@@ -173,11 +173,11 @@ def down(root: Path | str) -> None:
     deadline = time.monotonic() + 15
     while _processes_naming(vol.name) and time.monotonic() < deadline:
         time.sleep(0.1)
-    for pid in (vol.glusterd_pid, started_here):
-        if pid and pid_alive(pid):
-            os.kill(pid, signal.SIGTERM)
+    for daemon in (vol.glusterd_pid, started_here):
+        if daemon and pid_alive(daemon):
+            os.kill(daemon, signal.SIGTERM)
             deadline = time.monotonic() + 10
-            while pid_alive(pid) and time.monotonic() < deadline:
+            while pid_alive(daemon) and time.monotonic() < deadline:
                 time.sleep(0.1)
     shutil.rmtree(root / "brick", ignore_errors=True)
     (root / STATE).unlink(missing_ok=True)

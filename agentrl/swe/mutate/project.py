@@ -99,17 +99,22 @@ def from_sdist(path: Path) -> Project:
 
 def from_requirement(requirement: str, find_links: Path | None = None) -> Project:
     """The sdist of `requirement` (`more-itertools==10.5.0`) as pip downloads it; with `find_links`, from
-    that directory alone (offline)."""
-    index = ["--no-index", "--find-links", str(find_links)] if find_links else []
+    that directory alone (offline).
+
+    pip reads an sdist's metadata to match it, with its build backend: from the index in an isolated build
+    environment, or offline from this environment (setuptools is here; another backend must be installed)."""
+    index = ["--no-index", "--find-links", str(find_links), "--no-build-isolation"] if find_links else []
     with tempfile.TemporaryDirectory(prefix="agentrl-sdist-") as tmp:
         r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-                            "--no-build-isolation", "--quiet", "--dest", tmp, *index, requirement],
+                            "--quiet", "--dest", tmp, *index, requirement],
                            capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
         got = sorted(Path(tmp).glob("*.tar.gz"))
         if r.returncode != 0 or len(got) != 1:
             said = (r.stderr or r.stdout).strip()[-800:] or f"{len(got)} sdists"
+            backend = (" (with --find-links, the sdist's build backend must be installed where this runs: "
+                       "pip install it)" if find_links and "backend" in said else "")
             raise SourceError(f"--source {requirement}: pip download found no sdist ({said}): name a "
-                              "requirement with an sdist on the index, or pass its .tar.gz or a checkout")
+                              f"requirement with an sdist on the index, or pass its .tar.gz or a checkout{backend}")
         return from_sdist(got[0])
 
 

@@ -252,6 +252,11 @@ def test_metrics_also_go_to_an_offline_wandb_run(tiny_model, prompts, tmp_path):
     run = RunLayout.create(tmp_path / "run")
     with FakePool(run.root):
         Trainer(run, config(tiny_model, prompts, num_rollouts=2, tracking={"wandb": "offline"})).train()
+    # The transaction log is whole on disk once W&B's service stops, which a trainer's process does at exit
+    # (wandb's atexit): this test's process lives on, so stop it here (CI once read the log's header alone).
+    import wandb
+
+    wandb.teardown()
     run_id = run.manifest().run_id
     [data] = (run.root / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")   # `wandb sync` uploads it
     # W&B's transaction log is protobuf: the logged metrics' names and the run's config are in it verbatim.

@@ -54,6 +54,13 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 PROGRESS_S = 30.0
 
+# tests/test_learning.py: make learn in miniature (docs/learning.md, "The CI test"). Its stages before GRPO
+# (model, tasks, teacher, warm start, probe) are made by tools/learning_fixture.py into tests/data/learning.
+MINIATURE = ["--seed", "3", "--train-tasks", "64", "--eval-tasks", "12", "--sft-epochs", "10",
+             "--teacher-accuracy", "0.7", "--rollouts", "4", "--groups", "8", "--attempts", "8",
+             "--step-attempts", "16", "--lr", "2e-4", "--eval-every", "4"]
+PROBE_N, PROBE_SEED = 8, 11
+
 
 def pool(args: argparse.Namespace) -> dict:
     """The pool's settings, for training and eval alike (the task in PROBLEM_STATEMENT.md)."""
@@ -144,6 +151,11 @@ class Stages:
 
     def prepare(self) -> None:
         """Model, tasks, the teacher's demonstrations and the warm start."""
+        self.inputs()
+        self.warm_start()
+
+    def inputs(self) -> None:
+        """The model (its tokenizer and random weights), the tasks and the runs' configs."""
         args, work = self.args, self.work
 
         def tiny_model() -> None:
@@ -158,6 +170,14 @@ class Stages:
                    ("tasks", "generate", "pyfix-hint", "--n", args.eval_tasks, "--seed", args.seed, "--split",
                     args.split, "--out", work / args.split, "--force"),
                    ("convert", "harbor", work / "train", "--out", work / "train.jsonl"))
+        for name in ("grpo", "control"):
+            write_yaml(work / f"{name}.yaml", run_config(args, work, control=name == "control"))
+        if args.max_staleness:
+            write_yaml(work / f"{ahead_name(args)}.yaml", run_config(args, work, False, args.max_staleness))
+
+    def warm_start(self) -> None:
+        """The teacher's demonstrations and the warm start trained on them."""
+        args, work = self.args, self.work
         write_yaml(work / "teacher.yaml", {"eval": {
             "tasks": str(work / "train"), "n_samples": 1, "seed": args.seed, "engine": "teacher",
             "teacher_accuracy": args.teacher_accuracy, "save_samples": True, "pool": pool(args)}})
@@ -167,10 +187,18 @@ class Stages:
                    ("sft", work / "teacher" / "samples", "--model", work / "base", "--out", work / "warm",
                     "--epochs", args.sft_epochs, "--lr", args.sft_lr, "--max-tokens-per-step", args.sft_step_tokens,
                     "--seed", args.seed))
-        for name in ("grpo", "control"):
-            write_yaml(work / f"{name}.yaml", run_config(args, work, control=name == "control"))
-        if args.max_staleness:
-            write_yaml(work / f"{ahead_name(args)}.yaml", run_config(args, work, False, args.max_staleness))
+
+    def probe(self) -> Path:
+        """The warm start's own attempts at the held-out tasks, PROBE_N per task, their samples kept
+        (tests/test_learning.py scores the policy where a passing and a failing one part); their directory."""
+        args, work = self.args, self.work
+        config = run_config(args, work, control=False)
+        config["eval"] = {"tasks": str(work / args.split), "n_samples": PROBE_N, "seed": PROBE_SEED,
+                          "save_samples": True, "pool": pool(args)}
+        write_yaml(work / "probe.yaml", config)
+        self.stage("probe", work / "probe-policy" / "summary.json",
+                   ("eval", work / "warm", "--config", work / "probe.yaml", "--out", work / "probe-policy"))
+        return work / "probe-policy" / "samples"
 
     def warm_eval(self) -> None:
         work = self.work

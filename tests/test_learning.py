@@ -1,16 +1,17 @@
 """The learning signal, end to end: GRPO through the real loop must move the policy toward what passes.
 
 `make learn` (benchmarks/learning_bench.py) in miniature, on the tiny model: pyfix-hint tasks, the
-scripted teacher's demonstrations recorded through the adapter, the warm start, then `agentrl
-launch` with the local executor (the CPU inference server, bwrap sandboxes, the builtin agent, the
+warm start trained on the scripted teacher's demonstrations recorded through the adapter (made by
+tools/learning_fixture.py and committed in tests/data/learning, with the probe below; the test makes
+the tokenizer and tasks again and refuses a fixture made from others), then `agentrl launch` with
+the local executor (the CPU inference server, bwrap sandboxes, the builtin agent, the
 ledger, the torch trainer). What is measured is not pass@1, which a few minutes of rollouts cannot
 pin down, but the policy's preference for what passes: the warm start's own attempts at held-out
 tasks, paired on each task as (passing, failing); where the two part, the log-prob of the passing
 attempt's token minus the failing one's. GRPO must raise it by at least MIN_GAIN nats over the warm
 start; with the advantage's sign flipped it falls, and with rewards on the wrong attempts it stays.
 tools/learning_mutations.py runs this test under each mutation of the learning signal
-(docs/learning.md lists which it catches); AGENTRL_LEARNING_WORK names a work directory whose
-stages before GRPO are reused.
+(docs/learning.md lists which it catches).
 """
 
 import importlib.util
@@ -36,8 +37,8 @@ pytestmark = [
 ]
 
 
-def bench():
-    spec = importlib.util.spec_from_file_location("learning_bench", ROOT / "benchmarks" / "learning_bench.py")
+def load(path: str):
+    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -79,32 +80,23 @@ def preference(model_dir: Path, pairs) -> float:
     return float(np.mean(gaps))
 
 
-@pytest.mark.timeout(1500)     # about 9 minutes on 2 idle cores
+@pytest.mark.timeout(1200)     # about 5 minutes on 2 idle cores
 def test_grpo_through_the_whole_loop_raises_the_policys_preference_for_what_passes(tmp_path):
-    b = bench()
-    args = b.parser().parse_args([
-        "--work", str(tmp_path), "--seed", "3", "--train-tasks", "64", "--eval-tasks", "12", "--sft-epochs", "10",
-        "--teacher-accuracy", "0.7", "--rollouts", "4", "--groups", "8", "--attempts", "8", "--step-attempts", "16",
-        "--lr", "2e-4",
-        "--eval-every", "4", "--tools-dir", str(tmp_path / "tools")])
-    # make learn's model (128 wide, 4 layers): the 64-wide tiny model, warm-started as briefly, earns no
-    # reward at all, and a policy that never passes has nothing to learn from
-    # AGENTRL_LEARNING_WORK: a work directory to reuse, whose stages before GRPO are kept (what
-    # tools/learning_mutations.py gives each mutant: the mutations touch nothing before GRPO)
-    work = Path(os.environ.get("AGENTRL_LEARNING_WORK") or tmp_path / "w")
-    work.mkdir(exist_ok=True)
+    b, fx = load("benchmarks/learning_bench.py"), load("tools/learning_fixture.py")
+    # The warm start and the probe, from the fixture (AGENTRL_LEARNING_FIXTURE: another one, made with
+    # tools/learning_fixture.py --seed N for calibration); the model, tasks and configs are made here, and
+    # must be the ones the fixture was made from (fx.StaleFixture names the command that remakes it).
+    fixture = Path(os.environ.get("AGENTRL_LEARNING_FIXTURE") or fx.FIXTURE)
+    manifest = fx.read_manifest(fixture)
+    work = tmp_path / "w"
+    args = b.parser().parse_args([*manifest["args"], "--work", str(work), "--tools-dir", str(tmp_path / "tools")])
     stages = b.Stages(args, work)
-    stages.prepare()
-    # The probe: the warm start's own attempts at the held-out tasks, eight per task, both outcomes.
-    config = b.run_config(args, work, control=False)
-    config["eval"] = {"tasks": str(work / "heldout"), "n_samples": 8, "seed": 11, "save_samples": True,
-                      "pool": b.pool(args)}
-    b.write_yaml(work / "probe.yaml", config)
-    stages.stage("probe", work / "probe-policy" / "summary.json",
-                 ("eval", work / "warm", "--config", work / "probe.yaml", "--out", work / "probe-policy"))
-    probe = decision_pairs(load_samples([work / "probe-policy" / "samples"]))
+    stages.inputs()
+    fx.unpack(fixture, manifest, work, args)
+    probe = decision_pairs(load_samples([fixture / "probe"]))
     assert len(probe) >= 20, f"the probe has {len(probe)} pairs of a passing and a failing attempt"
     run = stages.run("grpo", evals=False)
+    fx.check_prompts(manifest, load_samples([run]), fixture)
 
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     rewards = [round(m["reward_mean"], 2) for m in metrics if "rollout" in m and "reward_mean" in m]

@@ -1,12 +1,13 @@
 """Break the learning signal on purpose and see whether tests/test_learning.py notices.
 
-    python tools/learning_mutations.py [--only NAME,...] [--prepared WORK] [--keep]
+    python tools/learning_mutations.py [--only NAME,...] [--fixture DIR] [--keep]
 
 Each mutation is one textual change to the code, applied to a copy of this working tree (never to
 the tree itself); the learning test then runs against the copy (PYTHONPATH puts it first, so the
 agentrl commands the test starts import it too). A mutation is caught when the test fails. "none"
-runs the unchanged copy first, which must pass; the stages before GRPO it made are reused by every
-mutant (AGENTRL_LEARNING_WORK). One line per mutation: caught or MISSED, and the preference the
+runs the unchanged copy first, which must pass. Every run starts from the same warm start and probe:
+the committed fixture, or with --fixture one made by tools/learning_fixture.py --seed N --out DIR
+(AGENTRL_LEARNING_FIXTURE). One line per mutation: caught or MISSED, and the preference the
 test measured. Exit 1 when the unchanged copy fails or a mutation the test claims is missed
 (NOT_CLAIMED names the test that catches each of the others).
 """
@@ -72,9 +73,9 @@ def mutate(tree: Path, name: str) -> None:
     path.write_text(text.replace(old, new))
 
 
-def run_test(tree: Path, work: Path) -> tuple[bool, str]:
+def run_test(tree: Path, fixture: Path | None) -> tuple[bool, str]:
     env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "AGENTRL_LEARNING_WORK": str(work)}
+           **({"AGENTRL_LEARNING_FIXTURE": str(fixture.resolve())} if fixture else {})}
     r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-s", "-p", "no:cacheprovider", TEST], cwd=tree,
                        env=env, capture_output=True, text=True)
     lines = [line for line in (r.stdout + r.stderr).splitlines() if line.strip()]
@@ -93,31 +94,22 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="learning_mutations.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--only", help="comma-separated mutation names (default: all)")
     p.add_argument("--keep", action="store_true", help="keep the mutated copies (their paths are printed)")
-    p.add_argument("--prepared", type=Path,
-                   help="a work directory of the learning test whose stages before GRPO are done (its runs/ is "
-                        "not used): skips preparing them with the unchanged copy")
+    p.add_argument("--fixture", type=Path,
+                   help="the warm start and probe to run on (default: the committed tests/data/learning)")
     args = p.parse_args(argv)
     names = args.only.split(",") if args.only else list(MUTATIONS)
     unknown = sorted(set(names) - set(MUTATIONS))
     if unknown:
         p.error(f"unknown mutations {unknown}: choose from {list(MUTATIONS)}")
+    if args.fixture and not (args.fixture / "manifest.json").exists():
+        p.error(f"{args.fixture} holds no fixture (no manifest.json): make one with tools/learning_fixture.py --out "
+                f"{args.fixture}")
     failed = False
-    # Everything before GRPO (model, tasks, teacher, warm start, probe) is made once, by the unchanged
-    # copy, and copied to each mutant: no mutation touches it.
-    prepared = Path(tempfile.mkdtemp(prefix="agentrl-learning-"))
-    if args.prepared:
-        if not (args.prepared / "probe-policy" / "summary.json").exists():
-            p.error(f"{args.prepared} holds no prepared learning test (no probe-policy/summary.json): run the test "
-                    f"with AGENTRL_LEARNING_WORK={args.prepared} first")
-        shutil.copytree(args.prepared, prepared / "unchanged", ignore=shutil.ignore_patterns("runs"))
     for name in ["none", *(n for n in names if n != "none")]:
         tree = Path(tempfile.mkdtemp(prefix="agentrl-mutant-")) / "tree"
         copy_tree(tree)
         mutate(tree, name)
-        work = prepared / "unchanged" if name == "none" else prepared / name.replace(" ", "-")
-        if name != "none":
-            shutil.copytree(prepared / "unchanged", work, ignore=shutil.ignore_patterns("runs"))
-        passed, why = run_test(tree, work)
+        passed, why = run_test(tree, args.fixture)
         if name == "none":
             verdict = "passes" if passed else "FAILS UNCHANGED"
             failed |= not passed
@@ -130,8 +122,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    {tree}")
         else:
             shutil.rmtree(tree.parent, ignore_errors=True)
-    if not args.keep:
-        shutil.rmtree(prepared, ignore_errors=True)
     return 1 if failed else 0
 
 

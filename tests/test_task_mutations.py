@@ -238,7 +238,9 @@ def test_arguments_are_refused_before_anything_runs(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["tasks", "generate", "mutations", "--n", "1", "--split", "train", "--out", str(out)]) == 2
     assert "--source" in capsys.readouterr().err
-    for bad, said in ((["--clean-runs", "1"], "--clean-runs"), (["--split", "test"], "heldout")):
+    for bad, said in ((["--clean-runs", "1"], "--clean-runs"), (["--split", "test"], "heldout"),
+                      (["--slurm", "--parallelism", "0"], "--parallelism must be at least 1"),
+                      (["--sbatch-option=--partition=cpu"], "--sbatch-option is for --slurm")):
         args = ["--n", "1", "--split", "train", *bad]
         assert main(["tasks", "generate", "mutations", "--source", str(LISTKIT), "--out", str(out), *args]) == 2
         assert said in capsys.readouterr().err

@@ -288,6 +288,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds one run of a project's suite may take; a mutant past it is refused (default 20)")
     m.add_argument("--find-links", type=Path, metavar="DIR", help="pip takes requirements' sdists from DIR alone")
     m.add_argument("--scratch", help="node-local directory for the validation sandboxes (default: the temp dir)")
+    m.add_argument("--slurm", action="store_true",
+                   help="validate each batch of candidates as a Slurm job array (--out on a filesystem the nodes "
+                        "share), and watch it")
+    m.add_argument("--parallelism", type=int, default=8, help="with --slurm: array tasks at once (default 8)")
+    m.add_argument("--sbatch-option", action="append", default=[], metavar="OPT",
+                   help="with --slurm: an sbatch option for the arrays, such as --partition=cpu (repeatable)")
     p.add_argument("--python", default=HOST_PYTHON, help="the interpreter the tasks' tests are checked with (default "
                                                         f"{HOST_PYTHON}: what a host task's sandbox runs)")
 
@@ -298,8 +304,8 @@ def run(args: argparse.Namespace) -> int:
     if args.family == "mutations":
         from .mutate.cli import run as run_mutations
         return run_mutations(args, t0)
-    if args.source or args.hints:
-        print(f"--source and --hints are the mutations family's, not {args.family!r}'s", file=sys.stderr)
+    if args.source or args.hints or args.slurm:
+        print(f"--source, --hints and --slurm are the mutations family's, not {args.family!r}'s", file=sys.stderr)
         return 2
     if args.jobs < 1:
         print(f"--jobs must be at least 1, got {args.jobs}", file=sys.stderr)

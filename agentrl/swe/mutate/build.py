@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..generate import SPLITS, Refused, _occupied, layout, split_of, task_name, write_task
 from ..task import Resources
-from . import issue
+from . import issue, slurm
 from .operators import Mutator, Site
 from .project import Project, SourceError, load, task_repository
 from .runner import Job, read_result, run_jobs, suite_spec
@@ -53,6 +53,9 @@ class Options:
     timeout_s: float = 20.0
     find_links: Path | None = None
     scratch: str | None = None
+    slurm: bool = False               # each batch as a job array (slurm.py)
+    parallelism: int = 8              # with slurm: array tasks at once
+    sbatch_options: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.sources:
@@ -67,6 +70,10 @@ class Options:
             raise Refused(f"--n must be a whole number of tasks, at least 1; got {self.n!r}")
         if self.jobs < 1:
             raise Refused(f"--jobs must be at least 1, got {self.jobs}")
+        if self.parallelism < 1:
+            raise Refused(f"--parallelism must be at least 1, got {self.parallelism}")
+        if self.sbatch_options and not self.slurm:
+            raise Refused("--sbatch-option is for --slurm: add --slurm, or drop it")
 
 
 @dataclass
@@ -129,11 +136,20 @@ class Mutants:
         return unified_diff(c.path, self.project.files[c.path].decode(), self.mutated(c))
 
 
+def _run(project: Project, work: Path, opts: Options, spec, todo: list[Job], workers: int) -> None:
+    """The jobs' result files: in sandboxes here, `workers` at once, or with --slurm as one job array."""
+    if opts.slurm:
+        slurm.submit_batch(work, task_repository(project), spec, todo, parallelism=opts.parallelism,
+                           timeout_s=opts.timeout_s, scratch=opts.scratch, sbatch_options=opts.sbatch_options)
+    else:
+        run_jobs(task_repository(project), spec, todo, workers=workers, timeout_s=opts.timeout_s,
+                 scratch=opts.scratch)
+
+
 def _clean(project: Project, work: Path, opts: Options, spec) -> Baseline:
     path = work / "clean.json"
     if read_result(path) is None:
-        run_jobs(task_repository(project), spec, [Job(path, b"", opts.clean_runs)], workers=1,
-                 timeout_s=opts.timeout_s, scratch=opts.scratch)
+        _run(project, work, opts, spec, [Job(path, b"", opts.clean_runs)], workers=1)
     runs = read_result(path) or []
     base = baseline(runs)
     if not base.passing:
@@ -154,6 +170,9 @@ def validate(mutants: Mutants, quota: int, opts: Options, progress: Callable[[st
     work.mkdir(parents=True, exist_ok=True)
     spec = suite_spec(project.name, opts.timeout_s, RESOURCES)
     base = _clean(project, work, opts, spec)
+    # How far earlier runs got, in batches of whatever size: the first batch reaches that far, so their
+    # results are judged, and only the gaps they left run, before anything further down the order
+    frontier = max((i + 1 for i, c in enumerate(mutants.order) if (work / f"{c.id}.json").exists()), default=0)
     tally, start, kept = Tally(), 0, []
     while True:
         judged = _judge_upto(mutants, base, work, start)
@@ -165,12 +184,13 @@ def validate(mutants: Mutants, quota: int, opts: Options, progress: Callable[[st
             break
         # Enough for the tasks still wanted if half are kept, and every sandbox busy; the kept set is the
         # same whatever the batches (each verdict is its own candidate's).
-        chunk = mutants.order[start:start + min(MAX_BATCH, max(2 * opts.jobs, 2 * (quota - len(kept))))]
+        width = opts.parallelism if opts.slurm else opts.jobs
+        end = frontier if frontier > start else start + min(MAX_BATCH, max(2 * width, 2 * (quota - len(kept))))
+        chunk = mutants.order[start:end]
         # A mutant that would be kept runs once more: a failing set that changes is flakiness the clean runs missed.
         todo = [Job(work / f"{c.id}.json", mutants.diff(c), again=lambda r: judge(base, r).kept) for c in chunk
                 if read_result(work / f"{c.id}.json") is None]
-        run_jobs(task_repository(project), spec, todo, workers=opts.jobs, timeout_s=opts.timeout_s,
-                 scratch=opts.scratch)
+        _run(project, work, opts, spec, todo, workers=opts.jobs)
         start += len(chunk)
     if len(kept) < quota:
         raise SourceError(f"{project.name}: {len(mutants.order)} {opts.split} candidates gave {len(kept)} tasks, not "
@@ -229,4 +249,5 @@ def _same(target: Path, files: dict[str, bytes]) -> bool:
 
 def options(args: argparse.Namespace) -> Options:
     return Options(tuple(args.source or ()), args.n, args.seed, args.split, Path(args.out), args.hints, args.force,
-                   args.jobs, args.clean_runs, args.test_timeout, args.find_links, args.scratch)
+                   args.jobs, args.clean_runs, args.test_timeout, args.find_links, args.scratch, args.slurm,
+                   args.parallelism, tuple(args.sbatch_option))

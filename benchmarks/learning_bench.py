@@ -56,6 +56,8 @@ PROGRESS_S = 30.0
 
 # tests/test_learning.py: make learn in miniature (docs/learning.md, "The CI test"). Its stages before GRPO
 # (model, tasks, teacher, warm start, probe) are made by tools/learning_fixture.py into tests/data/learning.
+# make learn's model (128 wide, 4 layers): the 64-wide tiny model, warm-started as briefly, earns no reward
+# at all, and a policy that never passes has nothing to learn from.
 MINIATURE = ["--seed", "3", "--train-tasks", "64", "--eval-tasks", "12", "--sft-epochs", "10",
              "--teacher-accuracy", "0.7", "--rollouts", "4", "--groups", "8", "--attempts", "8",
              "--step-attempts", "16", "--lr", "2e-4", "--eval-every", "4"]

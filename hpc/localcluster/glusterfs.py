@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -129,7 +130,9 @@ def up(root: Path | str, *, clients: int = 3, cache_s: float | None = None) -> V
     if (root / STATE).exists():
         raise GlusterError(f"{root} holds a volume already ({root / STATE}): run down on it first")
     root.mkdir(parents=True, exist_ok=True)
-    vol = Volume(name=f"agentrl-{os.getpid()}-{int(time.time())}", root=str(root),
+    # The random part: one process's two volumes made within a second had the same name, and the second's
+    # create failed with "already exists" (CI, test_shared_fs beside its module's volume)
+    vol = Volume(name=f"agentrl-{os.getpid()}-{int(time.time())}-{secrets.token_hex(3)}", root=str(root),
                  clients=[str(root / f"client-{i}") for i in range(clients)], cache_s=cache_s)
     vol.glusterd_pid = _start_glusterd()
     vol.save()       # from here on, down() undoes whatever was done

@@ -53,6 +53,32 @@ def test_up_and_down_leave_nothing_mounted_or_running(gluster, tmp_path):
     glusterfs.down(tmp_path / "v")                                  # twice: nothing to do
 
 
+def test_up_over_the_dead_mounts_of_clients_killed_with_9_mounts_again(gluster, tmp_path):
+    """A client killed (or its run's namespace kept by the next run) leaves a mount point that answers
+    ENOTCONN: neither down nor up may take it for a plain directory (CI: up failed with 'File exists')."""
+    vol = glusterfs.up(tmp_path / "v", clients=2)
+    for pid in vol.client_pids:
+        os.kill(pid, 9)
+    deadline = time.monotonic() + 10              # until the kernel's cached attributes of the mount expire
+    while os.path.exists(vol.clients[0]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with pytest.raises(OSError) as dead:
+        os.stat(vol.clients[0])
+    assert dead.value.errno == errno.ENOTCONN and not os.path.ismount(vol.clients[0])
+    assert glusterfs.mounted(vol.clients[0])
+    (tmp_path / "v" / glusterfs.STATE).unlink()                   # the record lost too: up alone must cope
+    try:
+        again = glusterfs.up(tmp_path / "v", clients=2)
+        assert all(os.path.ismount(c) for c in again.clients)
+        open(f"{again.clients[0]}/after", "w").close()
+        assert os.path.exists(f"{again.clients[1]}/after")
+    finally:
+        glusterfs.down(tmp_path / "v")
+        for args in (("volume", "stop", vol.name, "force"), ("volume", "delete", vol.name)):  # the first's
+            subprocess.run(["gluster", "--mode=script", *args], capture_output=True, timeout=60)
+    assert not any(glusterfs.mounted(c) for c in vol.clients)
+
+
 @pytest.mark.parametrize("caches", ["gluster", "gluster_nfs_caches"])
 def test_the_ledger_under_kill_9_of_workers_on_both_clients(caches, request):
     """The aimed and random kills of test_ledger_faults, the workers alternating between the two mounts:

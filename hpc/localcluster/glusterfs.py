@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -114,6 +115,14 @@ def _client_pid(target: str) -> int | None:
     return None
 
 
+def mounted(target: str) -> bool:
+    """Whether `target` is a mount point, a dead one included: os.path.ismount stats it, and the mount of a
+    FUSE client that died answers ENOTCONN ("Transport endpoint is not connected"), so it looks unmounted."""
+    with open("/proc/self/mountinfo") as f:
+        points = {re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), line.split()[4]) for line in f}
+    return os.path.abspath(target) in points
+
+
 def _processes_naming(text: str) -> list[str]:
     out = subprocess.run(["pgrep", "-a", "-f", text], capture_output=True, text=True).stdout.splitlines()
     return [line for line in out if int(line.split()[0]) != os.getpid()]
@@ -143,6 +152,10 @@ def up(root: Path | str, *, clients: int = 3, cache_s: float | None = None) -> V
         _cli("volume", "create", vol.name, f"{socket.gethostname()}:{root / 'brick' / vol.name}", "force")
         _cli("volume", "start", vol.name)
         for target in vol.clients:
+            # A client that died (killed, or its machine's namespace kept from a run before) leaves its mount
+            # point dead: makedirs would fail on it with "File exists" (CI, cluster up after such a run)
+            if mounted(target):
+                subprocess.run(["umount", "-l", target], capture_output=True, timeout=60)
             os.makedirs(target, exist_ok=True)
             r = subprocess.run(mount_argv(vol.name, target, cache_s), capture_output=True, text=True, timeout=60)
             if r.returncode != 0 or not os.path.ismount(target):
@@ -163,7 +176,7 @@ def down(root: Path | str) -> None:
     except FileNotFoundError:
         return
     for target, pid in zip(vol.clients, [*vol.client_pids, *[0] * len(vol.clients)], strict=False):
-        if os.path.ismount(target):
+        if mounted(target):
             subprocess.run(["umount", "-l", target], capture_output=True, timeout=60)
         if pid and pid_alive(pid):
             os.kill(pid, signal.SIGKILL)

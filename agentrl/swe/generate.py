@@ -133,11 +133,17 @@ def solve_sh(fixed: dict[str, bytes]) -> bytes:
 
 
 def layout(name: str, draft: Draft, family: str, split: str, seed: int,
-           solve: bytes | None = None) -> dict[str, bytes]:
+           solve: bytes | None = None, suite: bool = False) -> dict[str, bytes]:
     """Every file of the task directory, relative path -> bytes, laid out as the bundled tasks are; `solve`
-    replaces the solve.sh that writes the fixed files whole (the mutations family's is a patch)."""
-    repo_tests = {rel.split("/", 1)[1]: data for rel, data in draft.repo.items()
-                  if rel.startswith("tests/test_") and rel.count("/") == 1}
+    replaces the solve.sh that writes the fixed files whole (the mutations family's is a patch). With
+    `suite`, the verifier carries the repository's whole tests/ tree as tests/suite/ (test.sh puts it in
+    place of the repository's), not only its tests/test_*.py: a real project's tests have helpers and data."""
+    if suite:
+        repo_tests = {"suite/" + rel.split("/", 1)[1]: data for rel, data in draft.repo.items()
+                      if rel.startswith("tests/")}
+    else:
+        repo_tests = {rel.split("/", 1)[1]: data for rel, data in draft.repo.items()
+                      if rel.startswith("tests/test_") and rel.count("/") == 1}
     clash = sorted((set(repo_tests) | {*VERIFIER, "expected.json"}) & set(draft.hidden))
     if clash or not draft.fail_to_pass:
         raise GenerationError(f"{name}: " + (f"hidden test files {clash} clash with the verifier's" if clash

@@ -157,7 +157,7 @@ def _clean(project: Project, work: Path, opts: Options, spec) -> Baseline:
             r.timed_out for r in runs) else "no test ran")
         raise SourceError(f"{project.name}: no test passes on the clean tree, run as the grader runs it "
                           f"(python3 -m unittest discover -s tests -t . in the repository, nothing installed): "
-                          f"{said[-800:]}\nMake the suite pass that way (a src/ layout or third-party test "
+                          f"{said[-800:]}\nMake the suite pass that way (pytest-style tests and third-party test "
                           f"dependencies need an image: not yet), or choose another source")
     return base
 
@@ -228,7 +228,8 @@ def generate(opts: Options, progress: Callable[[str], None] = lambda s: None) ->
                                 c.site.line, v.fail_to_pass, v.pass_to_pass, failures, opts.hints)
                 inverse = unified_diff(c.path, mutants.mutated(c), project.files[c.path].decode())
                 name = task_name(FAMILY, opts.split, opts.seed, len(tasks))
-                tasks.append((name, layout(name, d, FAMILY, opts.split, opts.seed, issue.solve_sh(inverse))))
+                files = layout(name, d, FAMILY, opts.split, opts.seed, issue.solve_sh(inverse), suite=True)
+                tasks.append((name, files))
     written = []
     for name, files in tasks:
         target = opts.out / name

@@ -33,3 +33,20 @@ def test_quick_run_reports_throughput_beside_one_sandbox_and_the_tasks_spread(tm
     task = next(p for p in (tmp_path / "0-local1").iterdir() if p.name.startswith("mutations-"))
     expected = json.loads((task / "tests/expected.json").read_text())
     assert one["fail_to_pass"]["max"] == len(expected["FAIL_TO_PASS"])
+
+
+def test_one_set_from_two_projects_is_made_twice_the_same_and_reported_per_project(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "benchmarks.taskgen_bench", "--one-set", "--source",
+                        str(ROOT / "tests/data/mutations/listkit"), "--source",
+                        str(ROOT / "tests/data/mutations/cachetools-5.5.0.tar.gz"), "--n", "1", "--modes", "local:2",
+                        "--work", str(tmp_path), "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["tasks"] == 2 and out["same_tasks_twice"] is True and len(out["wall_s"]) == 2
+    assert [r["project"] for r in out["projects"]] == ["listkit", "cachetools-5.5.0"]
+    tasks = sorted(t.name for t in (tmp_path / "set-1").iterdir() if t.name.startswith("mutations-"))
+    assert tasks == ["mutations-train-s0-0000", "mutations-train-s0-0001"]      # one command, one set
+    for row in out["projects"]:
+        assert row["tasks"] == 1 and row["built"] >= row["kept"] >= 1
+        assert row["kept_fraction"] == round(row["kept"] / row["built"], 3)
+        assert row["built"] == row["kept"] + sum(row["refused"].values())

@@ -8,6 +8,7 @@ saves token-exact samples that `agentrl sft` reads; the right plan passes, each 
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,13 +20,14 @@ import yaml
 from agentrl.eval.score import attempt_seed
 from agentrl.swe import generate as gen
 from agentrl.swe.families import pyfix_hint
-from agentrl.swe.teacher import FIX, MISTAKES, READ, Teacher, plan
+from agentrl.swe.teacher import FIX, MINI_SUBMIT, MINI_TEXT_BLOCK, MISTAKES, PROTOCOLS, READ, Teacher, plan, protocol
 from agentrl.train.sft import load_samples
 
 pytestmark = pytest.mark.integration
 
 pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 ROOT = Path(__file__).resolve().parents[1]
+PROTOCOLS_ASKED = list(PROTOCOLS)       # tool calls, mini's tool calls, mini's text: in that order above
 
 
 def test_every_hint_is_a_literal_sed_that_makes_the_fix(tmp_path):
@@ -67,13 +69,33 @@ def test_only_the_right_plan_runs_the_fix():
     assert all(FIX not in c for m in MISTAKES for c in commands[m])
 
 
+def test_the_teacher_answers_in_the_protocol_its_prompt_asks_for():
+    """mini-swe-agent's prompts ask for one action a reply and end a session only at its submit command."""
+    mini = f"<|im_start|>user\nRead PROBLEM_STATEMENT.md, then `echo {MINI_SUBMIT}`<|im_end|>\n"
+    text = f"<|im_start|>system\nOne block:\n```{MINI_TEXT_BLOCK}\ncmd\n```<|im_end|>\n" + mini
+    assert [protocol(p) for p in ("<|im_start|>user\nRead PROBLEM_STATEMENT.md", mini, text)] == PROTOCOLS_ASKED
+    for mistake in (None, *MISTAKES):
+        tool, calls, texts = (plan(mistake, p) for p in ("tool", "mini", "mini_text"))
+        commands = [t["tool_calls"][0]["function"]["arguments"]["command"] for t in tool if "tool_calls" in t]
+        assert "tool_calls" not in tool[-1]                                   # the builtin agent stops on a text
+        assert [t["tool_calls"][0]["function"]["arguments"]["command"] for t in calls] == [
+            *commands, f"echo {MINI_SUBMIT}"]                                 # every mini reply is one action
+        blocks = [re.findall(rf"```{MINI_TEXT_BLOCK}\n(.*?)\n```", t["content"], re.DOTALL) for t in texts]
+        assert blocks == [[c] for c in (*commands, f"echo {MINI_SUBMIT}")]
+        assert all(t["content"].startswith("THOUGHT: ") and "tool_calls" not in t for t in texts)
+    with pytest.raises(ValueError, match="protocol"):
+        plan(None, "xml")
+
+
 @pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0,
                     reason="needs bubblewrap (make sysdeps) and root for overlay mounts")
-def test_teacher_demonstrations_through_the_real_loop_are_graded_and_saved(tiny_model, tmp_path):
+@pytest.mark.parametrize("harness, n_tasks", [("builtin", 6), ("mini_swe_agent_text", 2)])
+def test_teacher_demonstrations_through_the_real_loop_are_graded_and_saved(harness, n_tasks, tiny_model, tmp_path):
+    """The builtin agent, and the real mini-swe-agent CLI in its text format (docs/harnesses.md)."""
     tasks = tmp_path / "tasks"
-    gen.generate("pyfix-hint", "train", 7, 6, tasks)
-    pool = {"harness": "builtin", "prompt_style": "instruction", "max_agents": 2, "max_booting": 2,
-            "max_new_tokens": 96, "max_context": 4096, "lease_s": 30, "tools_dir": str(tmp_path / "tools")}
+    gen.generate("pyfix-hint", "train", 7, n_tasks, tasks)
+    pool = {"harness": harness, "prompt_style": "instruction", "max_agents": 2, "max_booting": 2,
+            "max_new_tokens": 96, "max_context": 8192, "lease_s": 60, "tools_dir": str(tmp_path / "tools")}
     cfg = tmp_path / "teach.yaml"
     cfg.write_text(yaml.safe_dump({"eval": {"tasks": str(tasks), "n_samples": 2, "seed": 3, "engine": "teacher",
                                             "teacher_accuracy": 0.5, "save_samples": True, "pool": pool}}))
@@ -88,6 +110,6 @@ def test_teacher_demonstrations_through_the_real_loop_are_graded_and_saved(tiny_
         assert res["reward"] == (1.0 if right else 0.0), res
     assert 0 < sum(res["reward"] for res in results) < len(results)
     samples = load_samples([out / "samples"])
-    assert len(samples) == len(results) == 12
+    assert len(samples) == len(results) == 2 * n_tasks                # one sample an attempt: no fork
     assert sorted(s.reward for s in samples) == sorted(res["reward"] for res in results)
     assert all(s.loss_mask.sum() > 30 and s.loss_mask.sum() < len(s.tokens) / 3 for s in samples)

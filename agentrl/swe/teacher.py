@@ -10,6 +10,12 @@ so that a policy warm-started on it succeeds sometimes and the verifier has the 
 attempt's choice is a function of the teacher's seed and the request's sampling_seed, the same for
 all its turns, so a re-run records the same trajectories.
 
+It answers in the protocol its prompt asks for, as a stronger model would (`protocol`): tool calls
+(the builtin agent, Claude Code and the other tool-calling CLIs), or mini-swe-agent's, whose every
+reply must hold one action and whose session ends only with its submit command: with tool calls
+(`mini_swe_agent`), or as one fenced ```mswea_bash_command block with a THOUGHT before it
+(`mini_swe_agent_text`).
+
 Replies are encoded with the tiny model's chat template (agentrl/models/tiny.py): the teacher
 serves the tokenizer of the model that will learn from it. Its log-probs are 0 (it is sure of every
 token); `agentrl sft` does not read them.
@@ -25,6 +31,7 @@ from typing import Any, cast
 from hpc.inference.cpu_server import Engine
 from hpc.inference.generation import GenerateRequest, generate_reply
 
+from ..harness.mini_swe_agent import SUBMIT as MINI_SUBMIT
 from ..harness.prompts import PROBLEM_FILE
 from ..models.tiny import assistant_text
 
@@ -38,6 +45,8 @@ READ = f"cat {PROBLEM_FILE}"
 FIX = f"grep -o 'sed -i [^`]*' {PROBLEM_FILE} | sh"
 LOOK = "grep -n '' */*.py"      # every line of the package and its tests, numbered, with the file's name
 TEST = "python3 -m unittest"
+PROTOCOLS = ("tool", "mini", "mini_text")
+MINI_TEXT_BLOCK = "mswea_bash_command"     # mini_textbased.yaml's action: the one fenced block of this kind
 
 
 def _bash(command: str) -> dict[str, Any]:
@@ -49,14 +58,32 @@ def _say(text: str) -> dict[str, Any]:
     return {"role": "assistant", "content": text}
 
 
-def plan(mistake: str | None) -> list[dict[str, Any]]:
+def _text_action(command: str) -> dict[str, Any]:
+    return _say(f"THOUGHT: The next step.\n\n```{MINI_TEXT_BLOCK}\n{command}\n```")
+
+
+def protocol(prompt: str) -> str:
+    """The protocol a prompt asks for: mini-swe-agent's text format, its tool calls, or plain tool calls."""
+    if f"```{MINI_TEXT_BLOCK}" in prompt:
+        return "mini_text"
+    return "mini" if MINI_SUBMIT in prompt else "tool"
+
+
+def plan(mistake: str | None, protocol: str = "tool") -> list[dict[str, Any]]:
     """The teacher's assistant turns for one attempt; mistake None is the right repair."""
     if mistake not in (None, *MISTAKES):
         raise ValueError(f"unknown mistake {mistake!r}: one of {MISTAKES} or None")
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r}: one of {PROTOCOLS}")
     if mistake == "no-edit":
-        return [_bash(READ), _bash(LOOK), _bash(TEST), _say("The tests pass; nothing to change.")]
-    fix = FIX.removesuffix(" | sh") if mistake == "dry-run" else FIX
-    return [_bash(READ), _bash(fix), _bash(LOOK), _bash(TEST), _say("Done.")]
+        commands, last = [READ, LOOK, TEST], "The tests pass; nothing to change."
+    else:
+        commands, last = [READ, FIX.removesuffix(" | sh") if mistake == "dry-run" else FIX, LOOK, TEST], "Done."
+    if protocol == "tool":
+        return [*map(_bash, commands), _say(last)]
+    # mini-swe-agent ends a session only at its submit command: a reply without an action is a format error
+    commands.append(f"echo {MINI_SUBMIT}")
+    return [*map(_text_action if protocol == "mini_text" else _bash, commands)]
 
 
 class Teacher:
@@ -75,7 +102,7 @@ class Teacher:
         user = prompt.find(USER_START)
         if user < 0 or PROBLEM_FILE not in prompt[user:]:
             return _say(f"The teacher acts on tasks given in {PROBLEM_FILE} (prompt_style: instruction) only.")
-        turns = plan(self.mistake(sampling_seed))
+        turns = plan(self.mistake(sampling_seed), protocol(prompt))
         done = prompt[user:].count(TURN_START) - 1      # the generation prompt is the last one
         return turns[min(max(done, 0), len(turns) - 1)]
 

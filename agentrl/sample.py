@@ -51,6 +51,7 @@ class AttemptMetadata(BaseModel):
     boot_s: float | None = None
     agent_s: float | None = None
     grade_s: float | None = None
+    adapter_s: float | None = None             # the adapter's own time over the attempt's turns, the model's excluded
 
     def timings(self) -> dict[str, float]:
         """The phase lengths that were recorded, by name (boot_s, agent_s, grade_s)."""

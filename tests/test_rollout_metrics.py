@@ -53,3 +53,17 @@ def test_inputs_that_do_not_fit_are_logged_and_counted(caplog):
     assert report["metric_input_errors"] == 4    # a reward mismatch, two groups short of 2 attempts, a label
     assert "disagree on the reward" in caplog.text and "fewer than 2 attempts" in caplog.text
     assert "pass@2" not in report and rollout_report([])["metric_input_errors"] == 1
+
+
+def test_fidelity_counts_forks_the_samples_of_clean_attempts_and_the_adapters_time_per_turn():
+    forked = dict(drift={"root": 1, "clean": 3, "fork": 1}, branches=1, turns=6, adapter_s=0.6)
+    samples = [sample(0, 0, 0.0, **forked)] * 3 + [sample(0, 1, 1.0, drift={"root": 1, "clean": 4}, turns=5,
+                                                          adapter_s=0.2)]
+    samples += [sample(0, 2, 1.0, drift={"root": 1, "clean": 4})]         # its adapter time was not recorded
+    report = rollout_report(samples)
+    assert report["forks_per_attempt"] == pytest.approx(2 / 3)
+    assert report["samples_per_clean_attempt"] == 1.0
+    assert report["adapter_ms_per_turn"] == pytest.approx(1000 * 0.8 / 11)
+    # a clean attempt split into two samples is what samples_per_clean_attempt is there to show
+    split = rollout_report([sample(0, 0, 1.0, drift={"root": 1, "clean": 2})] * 2)
+    assert split["samples_per_clean_attempt"] == 2.0 and split["forks_per_attempt"] == 0

@@ -1,6 +1,7 @@
 """Break the learning signal on purpose and see whether tests/test_learning.py notices.
 
-    python tools/learning_mutations.py [--only NAME,...] [--fixture DIR] [--keep]
+    python tools/learning_mutations.py [--test tests/test_learning.py] [--only NAME,...] [--fixture DIR] [--keep]
+    python tools/learning_mutations.py --test tests/test_learning_mini.py      (the sample path through mini)
 
 Each mutation is one textual change to the code, applied to a copy of this working tree (never to
 the tree itself); the learning test then runs against the copy (PYTHONPATH puts it first, so the
@@ -9,7 +10,8 @@ runs the unchanged copy first, which must pass. Every run starts from the same w
 the committed fixture, or with --fixture one made by tools/learning_fixture.py --seed N --out DIR
 (AGENTRL_LEARNING_FIXTURE). One line per mutation: caught or MISSED, and the preference the
 test measured. Exit 1 when the unchanged copy fails or a mutation the test claims is missed
-(NOT_CLAIMED names the test that catches each of the others).
+(NOT_CLAIMED names the test that catches each of the others). Each test has its own mutations (TESTS):
+tests/test_learning_mini.py's break the path from a forked session to its samples.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST = "tests/test_learning.py"
+MINI_TEST = "tests/test_learning_mini.py"
 
 # name -> (file, the text as it is, the text broken)
 MUTATIONS: dict[str, tuple[str, str, str]] = {
@@ -50,6 +53,30 @@ MUTATIONS: dict[str, tuple[str, str, str]] = {
 }
 
 
+# tests/test_learning_mini.py's: what a forked session (mini-swe-agent's format errors) could get wrong
+MINI_MUTATIONS: dict[str, tuple[str, str, str]] = {
+    "none": ("agentrl/adapter/trajectory.py", "", ""),
+    "a fork's shared turns trained in every sample": (
+        "agentrl/adapter/trajectory.py",
+        "            own = [node for node in chain if node.kept and node.index not in trained]\n",
+        "            own = [node for node in chain if node.kept]\n"),
+    "the reward on a forked attempt's last sample only": (
+        "agentrl/rollout/attempt.py",
+        "        samples = [chain.to_sample(reward=grade.reward, group_index=group,",
+        "        samples = [chain.to_sample(reward=grade.reward if chain is finished.chains[-1] else 0.0, "
+        "group_index=group,"),
+    "one turn's loss mask shifted by one token": (
+        "agentrl/adapter/trajectory.py",
+        "        mask[trained] = 1\n",
+        "        mask[slice(node.prompt_length + 1, node.held_length + 1) if node is own[-1] else trained] = 1\n"),
+}
+TESTS = {TEST: MUTATIONS, MINI_TEST: MINI_MUTATIONS}
+# What each test prints of its measurement
+MEASURED = {TEST: (r"training reward by rollout: \[[^]]*\]", r"preference for passing attempts: -?\d.*"),
+            MINI_TEST: (r"fidelity: .*",)}
+FIXTURE_ENV = {TEST: "AGENTRL_LEARNING_FIXTURE", MINI_TEST: "AGENTRL_LEARNING_MINI_FIXTURE"}
+
+
 # Mutations the learning test does not claim to catch, and the test that does: with the loss mask one
 # token off, GRPO at this scale learns as well as without it (docs/learning.md, "The CI test").
 NOT_CLAIMED = {"loss mask shifted by one token": "tests/test_train_tensors.py"}
@@ -59,10 +86,12 @@ def copy_tree(dst: Path) -> None:
     ignore = shutil.ignore_patterns(".venv", ".cache", "runs", ".git", "__pycache__", ".pytest_cache", "*.egg-info",
                                     ".agent-clis", ".hypothesis")
     shutil.copytree(ROOT, dst, ignore=ignore, symlinks=True)
+    if (ROOT / ".agent-clis").is_dir():     # `make clis`'s build, which harness installs copy (never mutated)
+        (dst / ".agent-clis").symlink_to(ROOT / ".agent-clis")
 
 
-def mutate(tree: Path, name: str) -> None:
-    rel, old, new = MUTATIONS[name]
+def mutate(tree: Path, name: str, test: str = TEST) -> None:
+    rel, old, new = TESTS[test][name]
     if not old:
         return
     path = tree / rel
@@ -73,18 +102,18 @@ def mutate(tree: Path, name: str) -> None:
     path.write_text(text.replace(old, new))
 
 
-def run_test(tree: Path, fixture: Path | None) -> tuple[bool, str]:
+def run_test(tree: Path, fixture: Path | None, test: str = TEST) -> tuple[bool, str]:
     env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           **({"AGENTRL_LEARNING_FIXTURE": str(fixture.resolve())} if fixture else {})}
-    r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-s", "-p", "no:cacheprovider", TEST], cwd=tree,
+           **({FIXTURE_ENV[test]: str(fixture.resolve())} if fixture else {})}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-s", "-p", "no:cacheprovider", test], cwd=tree,
                        env=env, capture_output=True, text=True)
     lines = [line for line in (r.stdout + r.stderr).splitlines() if line.strip()]
     if lines and " skipped" in lines[-1] and " passed" not in lines[-1] and " failed" not in lines[-1]:
-        raise SystemExit(f"learning_mutations: {TEST} was skipped ({lines[-1]}), so it measured nothing: "
+        raise SystemExit(f"learning_mutations: {test} was skipped ({lines[-1]}), so it measured nothing: "
                          f"run it where it can run (bubblewrap, root)")
     # What the test printed (never a traceback's source line, which has the f-string's braces)
     found = []
-    for pattern in (r"training reward by rollout: \[[^]]*\]", r"preference for passing attempts: -?\d.*"):
+    for pattern in MEASURED[test]:
         hits = [m.group(0) for m in map(re.compile(pattern).search, lines) if m]
         found += hits[-1:]
     return r.returncode == 0, "; ".join(found)[:300] or lines[-1]
@@ -92,15 +121,17 @@ def run_test(tree: Path, fixture: Path | None) -> tuple[bool, str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="learning_mutations.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", help="comma-separated mutation names (default: all)")
+    p.add_argument("--test", choices=sorted(TESTS), default=TEST, help=f"the test to run (default {TEST})")
+    p.add_argument("--only", help="comma-separated mutation names (default: all of the test's)")
     p.add_argument("--keep", action="store_true", help="keep the mutated copies (their paths are printed)")
     p.add_argument("--fixture", type=Path,
                    help="the warm start and probe to run on (default: the committed tests/data/learning)")
     args = p.parse_args(argv)
-    names = args.only.split(",") if args.only else list(MUTATIONS)
-    unknown = sorted(set(names) - set(MUTATIONS))
+    mutations = TESTS[args.test]
+    names = args.only.split(",") if args.only else list(mutations)
+    unknown = sorted(set(names) - set(mutations))
     if unknown:
-        p.error(f"unknown mutations {unknown}: choose from {list(MUTATIONS)}")
+        p.error(f"unknown mutations {unknown} of {args.test}: choose from {list(mutations)}")
     if args.fixture and not (args.fixture / "manifest.json").exists():
         p.error(f"{args.fixture} holds no fixture (no manifest.json): make one with tools/learning_fixture.py --out "
                 f"{args.fixture}")
@@ -108,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ["none", *(n for n in names if n != "none")]:
         tree = Path(tempfile.mkdtemp(prefix="agentrl-mutant-")) / "tree"
         copy_tree(tree)
-        mutate(tree, name)
-        passed, why = run_test(tree, args.fixture)
+        mutate(tree, name, args.test)
+        passed, why = run_test(tree, args.fixture, args.test)
         if name == "none":
             verdict = "passes" if passed else "FAILS UNCHANGED"
             failed |= not passed

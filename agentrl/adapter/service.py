@@ -226,7 +226,9 @@ class Adapter:
             session.stats["length_stops"] += finish == "length"
             call_ids = new_tool_ids(parsed, chat.call_id_prefix)
             session.echo.remember(reply_message(parsed, call_ids))
-        self.overhead_s.append(turn.prepare_s + (t1 - t0) + (time.perf_counter() - t2))
+        overhead = turn.prepare_s + (t1 - t0) + (time.perf_counter() - t2)
+        self.overhead_s.append(overhead)
+        session.adapter_s += overhead     # the attempt's record (AttemptMetadata.adapter_s)
         return TurnResult(parsed, finish, len(ids), len(out), recorded=True, call_ids=call_ids,
                           reasoning_tokens=self._reasoning_tokens(parsed, body))
 

@@ -58,6 +58,7 @@ class Session:
     upstream: str | None = None
     opened: float = field(default_factory=time.time)
     stats: Counter = field(default_factory=Counter)
+    adapter_s: float = 0.0       # the adapter's own time over the session's turns, the model's excluded
     echo: EchoRestorer = field(default_factory=EchoRestorer)
     finished: bool = False
     # Held while a turn renders and tokenizes in a worker thread, and while a turn is recorded: one at a time.
@@ -73,7 +74,8 @@ class Session:
              "drift": counts, "dropped_chains": self.tree.chains - len(chains),
              "prefix_hits": self.tokens.hits, "prefix_fallbacks": self.tokens.fallbacks,
              "incremental_renders": self.renderer.incremental, "full_renders": self.renderer.full,
-             "render_mismatches": self.renderer.mismatches, "echoes_restored": self.echo.restored})
+             "render_mismatches": self.renderer.mismatches, "echoes_restored": self.echo.restored,
+             "adapter_s": self.adapter_s})
 
 
 @dataclass(frozen=True)

@@ -186,7 +186,7 @@ async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt
             empty_patch=empty, patch_bytes=len(diff or b""), limits=limits, drift=stats["drift"],
             branches=stats["branches"], turns=stats["turns"], tool_calls=trajectory.tool_calls,
             boot_s=round(timings["boot_s"], 3), agent_s=round(timings["agent_s"], 3),
-            grade_s=round(timings["grade_s"], 3))
+            grade_s=round(timings["grade_s"], 3), adapter_s=round(float(stats.get("adapter_s", 0.0)), 4))
         samples = [chain.to_sample(reward=grade.reward, group_index=group, attempt=attempt, metadata=metadata)
                    for chain in finished.chains]
         return AttemptOutcome(samples, grade.reward, metadata, timings, patch=diff or b"", grade=grade, agent=run,

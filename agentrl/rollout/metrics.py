@@ -1,4 +1,5 @@
-"""A rollout's metrics from its samples (pure): reward, pass@k over attempts, empty patches, drift, timings.
+"""A rollout's metrics from its samples (pure): reward, pass@k over attempts, empty patches, drift, fidelity,
+timings.
 
 An attempt whose trajectory fanned out into several samples is one attempt: pass@k and the reward
 mean count (group, attempt) pairs, never samples. Inputs that do not fit a metric (samples of one
@@ -75,6 +76,7 @@ def rollout_report(samples: Sequence[Sample], *, ks: Sequence[int] = (1,), rollo
     for s in attempts.values():
         drift.update(s.metadata.drift)
     out.update({f"drift/{k}": v for k, v in sorted(drift.items())})
+    out.update(fidelity(samples, attempts))
     timings: dict[str, list[float]] = {}
     for s in attempts.values():
         for name, seconds in s.metadata.timings().items():
@@ -84,4 +86,20 @@ def rollout_report(samples: Sequence[Sample], *, ks: Sequence[int] = (1,), rollo
         out["attempts_per_hour"] = len(attempts) * 3600.0 / rollout_s
         out["trained_tokens_per_s"] = out["trained_tokens"] / rollout_s
     out["metric_input_errors"] = errors
+    return out
+
+
+def fidelity(samples: Sequence[Sample], attempts: dict[tuple[int, int], Sample]) -> dict[str, float]:
+    """How the sample path fared (docs/agent-clis.md): forks per attempt, every new chain of a session (a FORK
+    drift, or a branch under an earlier turn: with mini-swe-agent, a format error each); samples per attempt
+    that never forked (1 unless a clean session is split); and the adapter's own time per model call."""
+    per_attempt = Counter((s.group_index, s.attempt) for s in samples)
+    forks = {key: s.metadata.drift.get("fork", 0) + (s.metadata.branches or 0) for key, s in attempts.items()}
+    clean = [per_attempt[key] for key, n in forks.items() if not n]
+    out: dict[str, float] = {"forks_per_attempt": sum(forks.values()) / len(attempts)}
+    if clean:
+        out["samples_per_clean_attempt"] = sum(clean) / len(clean)
+    timed = [s.metadata for s in attempts.values() if s.metadata.adapter_s is not None and s.metadata.turns]
+    if timed:
+        out["adapter_ms_per_turn"] = 1000 * sum(m.adapter_s or 0.0 for m in timed) / sum(m.turns or 0 for m in timed)
     return out

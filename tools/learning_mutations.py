@@ -68,12 +68,12 @@ MINI_MUTATIONS: dict[str, tuple[str, str, str]] = {
     "one turn's loss mask shifted by one token": (
         "agentrl/adapter/trajectory.py",
         "        mask[trained] = 1\n",
-        "        mask[slice(node.prompt_length + 1, node.held_length + 1) if node is own[-1] else trained] = 1\n"),
+        "        mask[slice(node.prompt_length + 1, node.held_length + 1) if node is own[0] else trained] = 1\n"),
 }
 TESTS = {TEST: MUTATIONS, MINI_TEST: MINI_MUTATIONS}
 # What each test prints of its measurement
 MEASURED = {TEST: (r"training reward by rollout: \[[^]]*\]", r"preference for passing attempts: -?\d.*"),
-            MINI_TEST: (r"fidelity: .*",)}
+            MINI_TEST: (r"fidelity: attempts \d.*",)}
 FIXTURE_ENV = {TEST: "AGENTRL_LEARNING_FIXTURE", MINI_TEST: "AGENTRL_LEARNING_MINI_FIXTURE"}
 
 

@@ -132,7 +132,9 @@ def test_a_shard_written_on_one_client_is_read_whole_or_not_at_all_on_the_other(
     seen, deadline = {}, time.monotonic() + 120
     from hpc.buffer import shard_path
     while len(seen) < n:
-        assert time.monotonic() < deadline, f"only {sorted(seen)} of {n} shards seen on the reader's client"
+        assert writer.exitcode in (None, 0), f"the writer exited {writer.exitcode} after {len(seen)} shards were seen"
+        assert time.monotonic() < deadline, (f"only {sorted(seen)} of {n} shards seen on the reader's client (the "
+                                             f"writer: {'running' if writer.exitcode is None else 'done'})")
         for g in range(n):
             if g in seen:
                 continue

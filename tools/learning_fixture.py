@@ -89,7 +89,7 @@ def check_prompts(manifest: dict, samples: list[Sample], fixture: Path) -> None:
     began with. Samples come in the order of their attempts' chains (load_samples); a later one of the same
     attempt may begin elsewhere: after a format error on the first turn, mini-swe-agent's next request
     starts a new chain (a fork) whose prompt holds the error message where the reply was."""
-    harness = harness_of(manifest["args"])
+    harness = harness_of(manifest.get("args", []))
     firsts = [s for i, s in enumerate(samples)
               if i == 0 or (samples[i - 1].group_index, samples[i - 1].attempt) != (s.group_index, s.attempt)]
     for s in firsts:

@@ -317,6 +317,8 @@ def summary(args: argparse.Namespace, work: Path, times: dict[str, float]) -> di
     targets["trained tokens equal to the sampled ids: 100%"] = bool(checked) and all(
         r.matching_tokens == r.checked_tokens for r in rollouts)
     targets["samples per clean attempt: 1"] = all(r.samples_per_clean_attempt in (None, 1) for r in rollouts)
+    targets["no turn trained twice, reward off its grade or mask off its trace"] = not any(
+        r.twice_trained or r.reward_mismatches or r.mask_mismatches for r in rollouts)
     if not args.no_control:
         targets["|control drift| <= 5 points"] = abs(diff["control - warm start"].value) <= 0.05
     curves = {"GRPO": curve(work / "runs" / "grpo", args)}
@@ -411,13 +413,14 @@ def main(argv: list[str] | None = None) -> int:
     print("stages (s, this invocation): " + ", ".join(f"{k} {v:.0f}" for k, v in out["stage_s"].items()))
     print("the GRPO run's sample path, by rollout (agentrl/report/fidelity.py):\n"
           "  rollout  samples/attempt  forks/attempt  samples/clean attempt  trained = sampled (checked)  "
-          "adapter ms/turn")
+          "adapter ms/turn  twice/reward/mask off")
     for r in out["fidelity"]:
         share = "-" if r["match_share"] is None else f"{100 * r['match_share']:.1f}%"
         clean = "-" if r["samples_per_clean_attempt"] is None else f"{r['samples_per_clean_attempt']:.2f}"
         ms = "-" if r["adapter_ms_per_turn"] is None else f"{r['adapter_ms_per_turn']:.2f}"
         print(f"  {r['rollout']:7d}  {r['samples'] / r['attempts']:15.2f}  {r['forks_per_attempt']:13.2f}  "
-              f"{clean:>21s}  {share:>9s} ({r['checked_tokens']:6d})      {ms:>6s}")
+              f"{clean:>21s}  {share:>9s} ({r['checked_tokens']:6d})      {ms:>6s}  "
+              f"{r['twice_trained']}/{r['reward_mismatches']}/{r['mask_mismatches']}")
     for target, met in out["targets"].items():
         print(f"  target {target}: {'met' if met else 'NOT met'}")
     print(f"report: {work / 'runs' / 'grpo' / 'report.md'}")

@@ -242,6 +242,46 @@ def test_a_copied_bundled_task_converts_from_anywhere(tmp_path):
     assert convert_task(t) == convert_task(BUNDLED[0])
 
 
+def test_a_testbed_rides_in_the_record_and_tasks_of_one_environment_share_its_build(tmp_path):
+    """[environment] testbed: the repository is carried as a host task's is, and left out of the build
+    context, so tasks whose repositories differ (a project's bugs) share one build of its dependencies."""
+    toml = b"[agent]\ntimeout_sec = 60\n[environment]\ntestbed = 'repo'\n"
+    dockerfile = b"FROM python:3.11-slim\nWORKDIR /testbed\nCOPY wheels/ /opt/wheels/\nRUN pip install /opt/wheels/*\n"
+    made = []
+    for name, code in (("a", b"x = 1\n"), ("b", b"x = 2\n")):
+        t = make_task(tmp_path, name, toml=toml, dockerfile=dockerfile)
+        (t / "environment" / "repo" / "pkg").mkdir(parents=True)
+        (t / "environment" / "repo" / "pkg" / "mod.py").write_bytes(code)
+        (t / "environment" / "wheels").mkdir()
+        (t / "environment" / "wheels" / "dep-1.0-py3-none-any.whl").write_bytes(b"PK wheel")
+        made.append(convert_task(t)["metadata"])
+    a, b = made
+    assert a["image"] == b["image"] == "dockerfile:" + a["harbor"]["environment_build"]["key"]
+    assert set(a["harbor"]["environment_build"]["files"]) == {"Dockerfile", "wheels/dep-1.0-py3-none-any.whl"}
+    assert {k: decode_payload(v) for k, v in b["harbor"]["testbed_files"].items()} == {"pkg/mod.py": b"x = 2\n"}
+    without = make_task(tmp_path, "c", toml=b"[agent]\ntimeout_sec = 60\n", dockerfile=dockerfile)
+    shutil.copytree(tmp_path / "a" / "environment", without / "environment", dirs_exist_ok=True)
+    plain = convert_task(without)["metadata"]          # no key: Harbor's rule, the whole directory is the context
+    assert plain["harbor"]["testbed_files"] is None and plain["image"] != a["image"]
+    # The testbed is not in the context, so a Dockerfile that copies it is refused at conversion
+    copies = make_task(tmp_path, "d", toml=toml)
+    shutil.copytree(tmp_path / "a" / "environment", copies / "environment", dirs_exist_ok=True)
+    (copies / "environment" / "Dockerfile").write_bytes(dockerfile + b"COPY repo/ /testbed/\n")
+    with pytest.raises(HarborTaskError, match=r"'repo/' is not in the build context.*testbed.*put at workdir"):
+        convert_task(copies)
+    missing = make_task(tmp_path, "e", toml=toml, dockerfile=b"FROM python:3.11-slim\nWORKDIR /testbed\nRUN true\n")
+    with pytest.raises(HarborTaskError, match="testbed names it"):
+        convert_task(missing)
+
+
+@pytest.mark.parametrize("testbed", ["'/abs'", "'../up'", "''", "3", "'a/../b'"])
+def test_a_bad_testbed_names_the_key(tmp_path, testbed):
+    t = make_task(tmp_path, toml=TOML.replace(b'workdir = "/testbed"', b'workdir = "/testbed"\ntestbed = '
+                                              + testbed.encode()))
+    with pytest.raises(HarborTaskError, match=r"task.toml: \[environment\] testbed must name a directory"):
+        convert_task(t)
+
+
 @pytest.mark.parametrize("toml, key", [
     (TOML.replace(b"cpus = 2", b"cpus = 0"), "[environment] cpus"),
     (TOML.replace(b'memory = "4G"', b'memory_mb = "lots"'), "[environment] memory_mb"),

@@ -14,34 +14,24 @@ tools/learning_mutations.py runs this test under each mutation of the learning s
 (docs/learning.md lists which it catches).
 """
 
-import importlib.util
 import json
 import os
-import shutil
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import pytest
+from learning_support import NEEDS_SANDBOX, load
 
 from agentrl.train.sft import load_samples
 
-ROOT = Path(__file__).resolve().parents[1]
 MIN_GAIN = 0.4     # nats: unchanged runs +0.63 to +1.02, without a learning signal +0.02 to +0.16 (docs/learning.md)
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.slow,
     pytest.mark.alone,      # both cores: beside other tests its torch threads wait on each other (docs/testing.md)
-    pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0,
-                       reason="needs bubblewrap (make sysdeps) and root for overlay mounts"),
+    NEEDS_SANDBOX,
 ]
-
-
-def load(path: str):
-    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def decision_pairs(samples) -> list[tuple[np.ndarray, int, int]]:

@@ -6,25 +6,16 @@ change that makes them otherwise fails here in seconds, naming the command that 
 the learning test's five minutes of GRPO. Each refusal is checked on a copy with one thing changed.
 """
 
-import importlib.util
 import json
 import shutil
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
+from learning_support import load
 
 from agentrl.train.sft import load_samples
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.integration
-
-
-def load(path: str):
-    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 fx = load("tools/learning_fixture.py")

@@ -12,37 +12,28 @@ by tools/learning_fixture.py --harness mini_swe_agent_text), and checks what the
     give it after the sample's own prefix (a mask one position off fails this);
   - the turns a fork shares are trained in one of its samples only;
   - every sample carries the reward its attempt was graded with;
+  - every sample trains exactly the tokens its trace's turn spans say (a token left out fails this);
   - an attempt that never forked is one sample.
 The run must hold forked attempts that passed, or the last checks would have nothing to see.
 `tools/learning_mutations.py --test tests/test_learning_mini.py` breaks each of them in the code
 (docs/learning.md has its last run).
 """
 
-import importlib.util
 import os
-import shutil
 from pathlib import Path
 
 import pytest
+from learning_support import NEEDS_SANDBOX, load
 
 from agentrl.report.fidelity import check_run
 from agentrl.train.sft import load_samples
 
-ROOT = Path(__file__).resolve().parents[1]
 HARNESS = "mini_swe_agent_text"
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0,
-                       reason="needs bubblewrap (make sysdeps) and root for overlay mounts"),
+    NEEDS_SANDBOX,
 ]
-
-
-def load(path: str):
-    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.timeout(900)     # about 3 minutes on 2 idle cores
@@ -64,7 +55,7 @@ def test_grpo_through_mini_swe_agent_trains_exactly_what_its_sessions_sampled(tm
         print(f"rollout {r.rollout}: {r.to_json()}")
     total = {k: sum(getattr(r, k) for r in rollouts)
              for k in ("attempts", "samples", "trained_tokens", "matching_tokens", "twice_trained", "reward_mismatches",
-                       "forked_attempts", "forked_passed")}
+                       "mask_mismatches", "forked_attempts", "forked_passed")}
     print("fidelity: " + ", ".join(f"{k} {v}" for k, v in total.items()))
     assert [r.rollout for r in rollouts] == list(range(args.rollouts))
     # No checkpoint of this run is evaluated, so no export is pruned: the weights of every token are there.
@@ -73,6 +64,7 @@ def test_grpo_through_mini_swe_agent_trains_exactly_what_its_sessions_sampled(tm
     assert not any(wrong.values()), f"trained tokens that are not the ones sampled, by rollout: {wrong}"
     assert not any(r.twice_trained for r in rollouts), "a fork's shared turns were trained in two samples"
     assert not any(r.reward_mismatches for r in rollouts), "samples whose reward is not their attempt's grade"
+    assert not any(r.mask_mismatches for r in rollouts), "samples that do not train what their traces say"
     assert all(r.samples_per_clean_attempt == 1 for r in rollouts), [r.samples_per_clean_attempt for r in rollouts]
     assert all(0 < (r.adapter_ms_per_turn or 0) < 1000 for r in rollouts), "the adapter's time per turn, recorded"
 

@@ -3,7 +3,7 @@ defect it is for, and passes a correct fork, a retry and a clean attempt."""
 
 import numpy as np
 
-from agentrl.report.fidelity import compare_log_probs, reward_mismatches, twice_trained
+from agentrl.report.fidelity import compare_log_probs, mask_mismatches, reward_mismatches, twice_trained
 from agentrl.sample import Sample
 
 # A session as token runs: P prompt (mask 0), A assistant turn (trained), O observation (mask 0).
@@ -68,3 +68,33 @@ def test_every_sample_carries_its_attempts_graded_reward():
     b.reward = 0.0
     assert reward_mismatches([a, b], {(0, 0): 1.0}) == 1
     assert reward_mismatches([a], {}) == 1                            # no grade recorded: counted
+
+
+def spans(*turns):
+    """A trace's chain: (start in the response, kept, trained) per turn."""
+    return [{"start": start, "generated": kept, "kept": kept, "drift": "root", "trained": trained,
+             "weight_version": 0} for start, kept, trained in turns]
+
+
+def test_every_sample_trains_exactly_what_its_trace_says():
+    a, b = fork()
+    traced = {(0, 0): [spans((0, 3, True), (5, 2, True)), spans((0, 3, False), (7, 2, True))]}
+    assert mask_mismatches([a, b], traced) == 0
+    dropped = make(a.tokens, 3, [(3, 5), (8, 10)])                    # the first turn's last token left out
+    assert mask_mismatches([dropped, b], traced) == 1
+    assert mask_mismatches([b, a], traced) > 0                        # the trace's samples are in order
+    assert mask_mismatches([a, b], {(0, 0): traced[(0, 0)][:1]}) == 2  # b undescribed: its trained tokens
+
+
+def test_the_sampling_weights_are_asked_for_version_by_version():
+    """model_log_probs holds one version's model at a time, so the check must not go back to one it left."""
+    asked = []
+
+    def recording(version, tokens):
+        asked.append(version)
+        return np.array([truth(t) for t in tokens])
+
+    a, b = fork()
+    samples = [make(a.tokens, 3, [(3, 6)], version=2), a, make(b.tokens, 3, [(10, 12)], version=1), b]
+    assert compare_log_probs(samples, recording) == (3 + 5 + 2 + 2, 12)
+    assert asked == sorted(asked) and set(asked) == {0, 1, 2}

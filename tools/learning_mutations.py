@@ -69,6 +69,10 @@ MINI_MUTATIONS: dict[str, tuple[str, str, str]] = {
         "agentrl/adapter/trajectory.py",
         "        mask[trained] = 1\n",
         "        mask[slice(node.prompt_length + 1, node.held_length + 1) if node is own[0] else trained] = 1\n"),
+    "each trained turn's last token left out of training": (
+        "agentrl/adapter/trajectory.py",
+        "        mask[trained] = 1\n",
+        "        mask[node.prompt_length:node.held_length - 1] = 1\n"),
 }
 TESTS = {TEST: MUTATIONS, MINI_TEST: MINI_MUTATIONS}
 # What each test prints of its measurement

@@ -9,10 +9,12 @@ Per rollout, from what the run left on disk (its ledger, buffer, traces and chec
 - trained once: two samples of one attempt (a fork) never both train a position of the prefix they
   share, where the tokens are the same turn's.
 - reward: every sample carries the reward its attempt was graded with (the attempt's trace).
+- mask: every sample trains exactly the tokens its trace's spans say it trains (the kept tokens of the turns
+  marked trained), so a turn's token left out of training shows, which the log-probs cannot see.
 - forks per attempt (with mini-swe-agent, a format error each), samples per attempt that never forked
   (must be 1), and the adapter's own time per model call (the model's excluded).
 
-`check_run` reads; `compare_log_probs`, `twice_trained` and `reward_mismatches` are pure.
+`check_run` reads; `compare_log_probs`, `twice_trained`, `reward_mismatches` and `mask_mismatches` are pure.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class RolloutFidelity:
     matching_tokens: int         # of the checked, those whose log-prob is the one recorded
     twice_trained: int           # positions of a shared prefix trained in two samples of an attempt
     reward_mismatches: int       # samples whose reward is not their attempt's graded one
+    mask_mismatches: int         # response positions whose loss mask is not what the attempt's trace says
 
     @property
     def match_share(self) -> float | None:
@@ -64,16 +67,18 @@ def compare_log_probs(samples: Sequence[Sample], log_probs: LogProbs) -> tuple[i
     """(checked, matching) trained tokens: matching where the recorded log-prob is within ATOL of the one the
     sampling weights give the token. Tokens whose weights are gone (log_probs answers None) are not checked."""
     checked = matching = 0
+    work = []       # (version, sample, its trained positions of that version), by version: one model at a time
     for s in samples:
-        prompt = len(s.tokens) - s.response_length
         trained = np.flatnonzero(s.loss_mask)
-        for version in sorted(set(s.token_versions[trained].tolist())):
-            mine = trained[s.token_versions[trained] == version]
-            got = log_probs(version, s.tokens) if version != UNKNOWN_VERSION else None
-            if got is None:
-                continue
-            checked += len(mine)
-            matching += int(np.sum(np.abs(got[prompt + mine] - s.rollout_log_probs[mine]) <= ATOL))
+        for version in set(s.token_versions[trained].tolist()) - {UNKNOWN_VERSION}:
+            work.append((version, s, trained[s.token_versions[trained] == version]))
+    for version, s, mine in sorted(work, key=lambda w: w[0]):
+        got = log_probs(version, s.tokens)
+        if got is None:
+            continue
+        checked += len(mine)
+        prompt = len(s.tokens) - s.response_length
+        matching += int(np.sum(np.abs(got[prompt + mine] - s.rollout_log_probs[mine]) <= ATOL))
     return checked, matching
 
 
@@ -107,32 +112,54 @@ def reward_mismatches(samples: Iterable[Sample], graded: dict[tuple[int, int], f
     return sum(graded.get((s.group_index, s.attempt)) != s.reward for s in samples)
 
 
-def graded_rewards(run: RunLayout, ledger: Ledger, rollout: int, groups: Sequence[int]) -> dict[tuple[int, int], float]:
-    """Each committed attempt's reward as its trace records the grade."""
+def mask_mismatches(samples: Iterable[Sample], chains: dict[tuple[int, int], list[list[dict]]]) -> int:
+    """Response positions where a sample's loss mask differs from what its attempt's trace says: the trace's
+    chains are the attempt's samples in order, each a list of turn spans (start and kept in the response,
+    trained or not). A sample its trace does not describe counts all its trained tokens."""
+    out = 0
+    index: Counter[tuple[int, int]] = Counter()
+    for s in samples:
+        key = (s.group_index, s.attempt)
+        described = chains.get(key, [])
+        i, index[key] = index[key], index[key] + 1
+        mask = s.loss_mask.astype(bool)
+        if i >= len(described):
+            out += int(mask.sum())
+            continue
+        expected = np.zeros(len(mask), bool)
+        for span in described[i]:
+            if span["trained"]:
+                expected[span["start"]:span["start"] + span["kept"]] = True
+        out += int(np.sum(mask != expected))
+    return out
+
+
+def attempt_traces(run: RunLayout, ledger: Ledger, rollout: int, groups: Sequence[int]) -> dict[tuple[int, int], dict]:
+    """Each committed attempt's trace (rollout/trace.py's AttemptTrace, as JSON): the committed try's."""
     generation = ledger.status(rollout).generation
     out = {}
     for (g, a), commit in ledger.commits(rollout, set(groups)).items():
         path = run.trajectories_dir / f"rollout_{rollout}" / f"g{generation}" / f"{g}-{a}-{commit.try_index}.json"
         if path.exists():
-            grade = json.loads(path.read_text()).get("grade")
-            if grade is not None:
-                out[(g, a)] = float(grade["reward"])
+            out[(g, a)] = json.loads(path.read_text())
     return out
 
 
 def model_log_probs(start_model: Path, run: RunLayout) -> LogProbs:
-    """log_probs for check_run: the weights of version v, the export of iter_v (the start model for 0),
-    loaded once each; None when that export is gone (evaluated exports are pruned)."""
+    """log_probs for check_run: the weights of version v, the export of iter_v (the start model for 0);
+    None when that export is gone (evaluated exports are pruned). One version is held at a time, the last
+    asked for: compare_log_probs asks version by version."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    models: dict[int, object] = {}
+    held: dict[int, object] = {}
 
     def log_probs(version: int, tokens: np.ndarray) -> np.ndarray | None:
         path = start_model if version == 0 else run.checkpoint_dir(version) / "hf"
-        if version not in models:
-            models[version] = AutoModelForCausalLM.from_pretrained(path).eval() if path.is_dir() else None
-        model = models[version]
+        if version not in held:
+            held.clear()
+            held[version] = AutoModelForCausalLM.from_pretrained(path).eval() if path.is_dir() else None
+        model = held[version]
         if model is None:
             return None
         with torch.inference_mode():
@@ -158,7 +185,8 @@ def check_run(run_dir: Path, start_model: Path, log_probs: LogProbs | None = Non
         attempts = {(s.group_index, s.attempt): s for s in samples}
         figures = fidelity(samples, attempts)
         checked, matching = compare_log_probs(samples, log_probs)
-        graded = graded_rewards(run, ledger, r, sorted(groups))
+        traces = attempt_traces(run, ledger, r, sorted(groups))
+        graded = {key: float(t["grade"]["reward"]) for key, t in traces.items() if t.get("grade") is not None}
         forked = [key for key, n in Counter((s.group_index, s.attempt) for s in samples).items() if n > 1]
         out.append(RolloutFidelity(
             rollout=r, attempts=len(attempts), samples=len(samples), forks_per_attempt=figures["forks_per_attempt"],
@@ -167,5 +195,6 @@ def check_run(run_dir: Path, start_model: Path, log_probs: LogProbs | None = Non
             forked_passed=sum(graded.get(key, 0.0) > 0 for key in forked),
             trained_tokens=int(sum(int(s.loss_mask.sum()) for s in samples)), checked_tokens=checked,
             matching_tokens=matching, twice_trained=twice_trained(samples),
-            reward_mismatches=reward_mismatches(samples, graded)))
+            reward_mismatches=reward_mismatches(samples, graded),
+            mask_mismatches=mask_mismatches(samples, {key: t.get("chains", []) for key, t in traces.items()})))
     return out

@@ -36,6 +36,8 @@ else:  # Python 3.10 (setup.cfg allows it): the same parser, from PyPI
 from .task import HOST_IMAGE, TaskSpec, encode_payload
 from .task_tree import HarborTaskError, TaskTree
 
+TESTBED = "repo"        # a host task's repository: environment/repo/
+
 # Eight tiny Harbor tasks shipped as package data: `agentrl convert harbor` and `agentrl tasks check` take this
 # directory like any other (python -c "from agentrl.swe.harbor import BUNDLED_TASKS; print(BUNDLED_TASKS)").
 BUNDLED_TASKS = Path(__file__).resolve().with_name("bundled_tasks")
@@ -93,34 +95,54 @@ def _executable(tree: TaskTree, path: Path) -> bool:
     return real is not None and bool(os.stat(real).st_mode & 0o111)
 
 
-def _environment_build(tree: TaskTree, env_dir: Path, check: str | None) -> dict[str, Any]:
-    """The task's environment/ as a build context: its key, its files (payloads), which are executable,
-    and the check its image must pass."""
-    files = tree.files_under(env_dir)
+def _environment_build(tree: TaskTree, env_dir: Path, files: dict[str, bytes], check: str | None) -> dict[str, Any]:
+    """The task's environment/ (its files, the testbed's left out) as a build context: its key, its files
+    (payloads), which are executable, and the check its image must pass."""
     executable = sorted(rel for rel in files if _executable(tree, env_dir / rel))
     return {"key": build_key(files, executable, check=check),
             "files": {rel: encode_payload(data) for rel, data in files.items()},
             "executable": executable, "check": check}
 
 
-def _image_and_workdir(env: dict, tree: TaskTree, toml_path: Path) -> tuple[str, str, dict[str, Any] | None]:
-    """(image, workdir, the environment's build or None) of a task.
+def _testbed(env: dict, toml_path: Path) -> str | None:
+    """[environment] testbed (our extension): the directory under environment/ that holds the task's
+    repository, which the JSONL carries and the sandbox puts at workdir, as a host task's environment/repo/."""
+    testbed = env.get("testbed")
+    if testbed is None:
+        return None
+    parts = PurePosixPath(testbed).parts if isinstance(testbed, str) else ()
+    if not parts or PurePosixPath(testbed).is_absolute() or any(p in (".", "..") for p in parts):
+        raise HarborTaskError(toml_path, f"[environment] testbed must name a directory under environment/, such as "
+                                         f"'repo'; got {testbed!r}")
+    return "/".join(parts)
+
+
+def _image_and_workdir(env: dict, tree: TaskTree, toml_path: Path
+                       ) -> tuple[str, str, dict[str, Any] | None, str | None]:
+    """(image, workdir, the environment's build or None, the testbed directory or None) of a task.
 
     [environment] docker_image names a prebuilt image, used as it is (Harbor's rule too). Otherwise
     the Dockerfile's FROM is the image when the Dockerfile changes nothing (FROM, WORKDIR, metadata);
     when it does, the environment/ directory is the build context of an image that `agentrl images
-    build` makes, named by its content.
+    build` makes, named by its content. A testbed (a host task's environment/repo/, or the directory
+    [environment] testbed names) is not part of the context: tasks of one project, whose repositories
+    differ, share one build of what the repository needs.
     """
     env_dir = tree.dir / "environment"
     dockerfile = env_dir / DOCKERFILE
     plan = build = None
     image = env.get("docker_image")
+    testbed = _testbed(env, toml_path) or (TESTBED if image == HOST_IMAGE else None)
+    context = {rel: data for rel, data in tree.files_under(env_dir).items()
+               if testbed is None or not rel.startswith(testbed + "/")} if tree.is_dir(env_dir) else {}
     if tree.exists(dockerfile):
         try:
-            plan = plan_dockerfile(tree.read_text(dockerfile), tree.files_under(env_dir))
+            plan = plan_dockerfile(tree.read_text(dockerfile), context)
         except DockerfileError as e:
             if image is None:      # with a prebuilt image the Dockerfile is not built, as in Harbor
-                raise HarborTaskError(dockerfile, str(e)) from None
+                note = (f" (environment/{testbed}/ is the testbed, [environment] testbed: not built into the image "
+                        "but put at workdir when the sandbox starts)") if testbed and f"'{testbed}" in str(e) else ""
+                raise HarborTaskError(dockerfile, str(e) + note) from None
     if image is None:
         if plan is None:
             raise HarborTaskError(toml_path, "no image: set [environment] docker_image "
@@ -130,7 +152,7 @@ def _image_and_workdir(env: dict, tree: TaskTree, toml_path: Path) -> tuple[str,
             if check is not None and (not isinstance(check, str) or not check.strip()):
                 raise HarborTaskError(toml_path, "[environment] build_check must be a shell command that exits 0 in "
                                                  f"a good image, such as 'test -x /root/.local/bin/uv'; got {check!r}")
-            build = _environment_build(tree, env_dir, check)
+            build = _environment_build(tree, env_dir, context, check)
             image = built_image_name(build["key"])
         else:
             image = plan.bases[0]
@@ -144,7 +166,7 @@ def _image_and_workdir(env: dict, tree: TaskTree, toml_path: Path) -> tuple[str,
                                          f"(or a WORKDIR in {dockerfile})")
     if not isinstance(workdir, str) or not PurePosixPath(workdir).is_absolute():
         raise HarborTaskError(toml_path, f"[environment] workdir must be an absolute path, got {workdir!r}")
-    return image, workdir, build
+    return image, workdir, build, testbed
 
 
 def parse_task_toml(text: str, task_dir: Path, toml_path: Path, tree: TaskTree | None = None) -> dict[str, Any]:
@@ -156,7 +178,7 @@ def parse_task_toml(text: str, task_dir: Path, toml_path: Path, tree: TaskTree |
         raise HarborTaskError(toml_path, f"is not valid TOML ({e})") from None
     agent, verifier = _section(cfg, "agent", toml_path), _section(cfg, "verifier", toml_path)
     env, meta = _section(cfg, "environment", toml_path), _section(cfg, "metadata", toml_path)
-    image, workdir, build = _image_and_workdir(env, tree, toml_path)
+    image, workdir, build, testbed = _image_and_workdir(env, tree, toml_path)
     for key in ("cpus", "memory_mb", "storage_mb"):
         _finite(env, "environment", key, toml_path)
     memory_mb = env.get("memory_mb")
@@ -177,6 +199,7 @@ def parse_task_toml(text: str, task_dir: Path, toml_path: Path, tree: TaskTree |
         "image": image,
         "workdir": workdir,
         "environment_build": build,
+        "testbed": testbed,
         "timeouts": {"agent_s": _positive(agent, "agent", "timeout_sec", toml_path, None),
                      "eval_s": _positive(verifier, "verifier", "timeout_sec", toml_path,
                                          DEFAULT_VERIFIER_TIMEOUT_S)},
@@ -195,17 +218,21 @@ def _payloads(tree: TaskTree, directory: Path, skip: tuple[str, ...] = ()) -> di
     return {rel: encode_payload(data) for rel, data in tree.files_under(directory, skip).items()}
 
 
-def _testbed_files(tree: TaskTree, image: str) -> dict[str, str] | None:
-    """For a "host" task, the repository (environment/repo/) that the sandbox puts at workdir.
+def _testbed_files(tree: TaskTree, testbed: str | None, image: str) -> dict[str, str] | None:
+    """The repository that the sandbox puts at workdir: a "host" task's environment/repo/, or the directory
+    [environment] testbed names.
 
-    A host task has no image to carry its repository, so the JSONL line does:
-    each line is then all a rollout worker needs, wherever the tasks/ tree is.
+    A host task has no image to carry its repository, and an image shared by tasks whose repositories
+    differ carries none, so the JSONL line does: each line is then all a rollout worker needs, wherever
+    the tasks/ tree is.
     """
-    if image != HOST_IMAGE:
+    if testbed is None:
         return None
-    repo = tree.dir / "environment" / "repo"
+    repo = tree.dir / "environment" / testbed
     if not tree.is_dir(repo):
-        raise HarborTaskError(repo, f"is missing: a task with docker_image = {HOST_IMAGE!r} brings its repository")
+        why = (f"a task with docker_image = {HOST_IMAGE!r} brings its repository" if image == HOST_IMAGE
+               else "[environment] testbed names it: add the repository there, or drop the key")
+        raise HarborTaskError(repo, f"is missing: {why}")
     return _payloads(tree, repo)
 
 
@@ -260,7 +287,7 @@ def convert_task(task_dir: Path) -> dict[str, Any]:
         "config_json": config_json,
         "test_sh": test_sh,
         "test_files": _payloads(tree, tests_dir, skip=("test.sh", "config.json")),
-        "testbed_files": _testbed_files(tree, spec.image),
+        "testbed_files": _testbed_files(tree, parsed["testbed"], spec.image),
         "environment_build": parsed["environment_build"],
         "solve_sh": tree.read_text(solve) if tree.exists(solve) else None,
         "name": parsed["name"],

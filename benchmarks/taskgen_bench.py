@@ -47,7 +47,7 @@ SOURCES = [str(ROOT / "tests/data/mutations/listkit"), "more-itertools==10.5.0"]
 # Six real projects of different shapes whose unittest suites run in seconds (docs/tasks.md)
 SET = ["more-itertools==10.5.0", "cachetools==5.5.0", "pycparser==2.22", "idna==3.10", "markdown==3.7",
        "pyasn1==0.6.1"]
-TALLY = re.compile(r"^(?P<name>\S+): built (?P<built>\d+), kept (?P<kept>\d+) of \d+, "
+TALLY = re.compile(r"^(?P<name>\S+): built (?P<built>\d+), kept (?P<kept>\d+) \(\d+ wanted\), "
                    r"refused \d+ \((?P<reasons>[^)]*)\)", re.MULTILINE)
 
 

@@ -9,6 +9,9 @@ import pytest
 
 from agentrl.swe.harbor import BUNDLED_TASKS
 
+# Plugin modules that test modules also import helpers from: rewritten before that first import
+pytest.register_assert_rewrite("oci_registry")
+
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_DIR = Path(os.environ.get("AGENTRL_CLUSTER_DIR",
                                   Path.home() / ".local/state/agentrl/local-cluster"))

@@ -10,23 +10,20 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
+from oci_registry import push_rootfs, registries_conf
 
 from agentrl.swe.environments import environment_builds
 from agentrl.swe.harbor import BUNDLED_TASKS, convert_task
 from hpc.images.cache import ImageCache
 from hpc.images.hostroot import build_host_rootfs
-from hpc.images.oci_writer import dir_entries, write_oci_layout
-from hpc.launch.distenv import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
+pytest_plugins = ["oci_registry"]     # the loopback registry
 BASE = "swebench/sweb.eval.x86_64.demo__demo-1:latest"
 TOOLS = ("docker-registry", "buildah", "skopeo", "bwrap")
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(
@@ -36,44 +33,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory):
-    """docker-registry on 127.0.0.1, without systemd, stopped by pid."""
-    work = tmp_path_factory.mktemp("registry")
-    port = free_port()
-    (work / "config.yml").write_text(
-        f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {work / 'data'}\n"
-        f"http:\n  addr: 127.0.0.1:{port}\n  secret: agentrl-test\n")
-    proc = subprocess.Popen(["docker-registry", "serve", str(work / "config.yml")], stdout=subprocess.DEVNULL,
-                            stderr=open(work / "registry.log", "wb"), start_new_session=True)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/v2/", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, (work / "registry.log").read_text()
-            time.sleep(0.1)
-        yield f"127.0.0.1:{port}"
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(10)
-
-
-@pytest.fixture(scope="module")
 def mirror(registry, tmp_path_factory):
     """Docker Hub's swebench/ images served by the loopback registry, as a site's mirror serves them:
     the base (the host's programs, curl among them) is pushed there, and a registries.conf says where."""
     work = tmp_path_factory.mktemp("base")
     build_host_rootfs(work / "rootfs", extra_bins=("curl",))
-    write_oci_layout(work / "layout", [dir_entries(work / "rootfs")], compression=[None])
-    subprocess.run(["skopeo", "copy", "--dest-tls-verify=false", f"oci:{work / 'layout'}",
-                    f"docker://{registry}/{BASE}"], check=True, capture_output=True)
-    conf = work / "registries.conf"
-    conf.write_text('unqualified-search-registries = ["docker.io"]\n\n[[registry]]\nprefix = "docker.io/swebench"\n'
-                    f'location = "{registry}/swebench"\ninsecure = true\n')
-    return conf
+    push_rootfs(work / "rootfs", work / "layout", f"{registry}/{BASE}")
+    return registries_conf(work / "registries.conf", "docker.io/swebench", f"{registry}/swebench")
 
 
 DOCKERFILE = f"""FROM {BASE}

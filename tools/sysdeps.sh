@@ -26,6 +26,9 @@ pkg[python3-seccomp]=python3-seccomp
 pkg[python3-lark]=python3-lark pkg[python3-requests]=python3-requests
 /usr/bin/python3 -c 'import lark' 2>/dev/null || missing+=(python3-lark)
 /usr/bin/python3 -c 'import requests' 2>/dev/null || missing+=(python3-requests)
+# The base image of the mutations tests with --with: the host's Python and Debian's pip (tests/test_task_mutations_deps.py).
+pkg[python3-pip]=python3-pip
+[[ -d /usr/lib/python3/dist-packages/pip ]] || missing+=(python3-pip)
 ((${#missing[@]} == 0)) && exit 0
 
 pkgs=$(for c in "${missing[@]}"; do echo "${pkg[$c]}"; done | sort -u | tr '\n' ' ')

@@ -108,15 +108,21 @@ def _toml(s: str) -> str:
     return json.dumps(s)   # a JSON string of this text is a TOML basic string
 
 
-def task_toml(name: str, draft: Draft, family: str, split: str, seed: int) -> str:
+def task_toml(name: str, draft: Draft, family: str, split: str, seed: int, built: bool = False) -> str:
+    """The task's task.toml: a host task, or with `built` one whose image environment/Dockerfile builds and
+    whose repository is environment/repo/ beside it ([environment] testbed)."""
     meta = {"difficulty": "easy", "category": "bugfix", "language": "python", "family": family, "split": split,
             **draft.metadata}
     lines = ['schema_version = "1.1"', "", "[task]", f"name = {_toml('agentrl/' + name)}",
              f"description = {_toml(draft.description)}", "", "[metadata]",
              *(f"{k} = {_toml(v)}" for k, v in meta.items()), f"seed = {int(seed)}", "",
              "[agent]", "timeout_sec = 300.0", "", "[verifier]", "timeout_sec = 60.0", "", "[environment]",
-             '# "host": the host\'s own root filesystem (agentrl convention); workdir is an agentrl key.',
-             'docker_image = "host"', 'workdir = "/testbed"', "cpus = 1", "memory_mb = 512"]
+             *(['# The image is built from environment/Dockerfile; testbed and workdir are agentrl keys: the',
+                '# repository, environment/repo/, is put at workdir (one image serves every bug of a project).',
+                'testbed = "repo"'] if built else
+               ['# "host": the host\'s own root filesystem (agentrl convention); workdir is an agentrl key.',
+                'docker_image = "host"']),
+             'workdir = "/testbed"', "cpus = 1", "memory_mb = 512"]
     return "\n".join(lines) + "\n"
 
 
@@ -133,11 +139,13 @@ def solve_sh(fixed: dict[str, bytes]) -> bytes:
 
 
 def layout(name: str, draft: Draft, family: str, split: str, seed: int,
-           solve: bytes | None = None, suite: bool = False) -> dict[str, bytes]:
+           solve: bytes | None = None, suite: bool = False, environment: dict[str, bytes] | None = None
+           ) -> dict[str, bytes]:
     """Every file of the task directory, relative path -> bytes, laid out as the bundled tasks are; `solve`
     replaces the solve.sh that writes the fixed files whole (the mutations family's is a patch). With
     `suite`, the verifier carries the repository's whole tests/ tree as tests/suite/ (test.sh puts it in
-    place of the repository's), not only its tests/test_*.py: a real project's tests have helpers and data."""
+    place of the repository's), not only its tests/test_*.py: a real project's tests have helpers and data.
+    `environment` is a build context for environment/ (a Dockerfile among it): the task's image."""
     if suite:
         repo_tests = {"suite/" + rel.split("/", 1)[1]: data for rel, data in draft.repo.items()
                       if rel.startswith("tests/")}
@@ -150,7 +158,8 @@ def layout(name: str, draft: Draft, family: str, split: str, seed: int,
                                              else "FAIL_TO_PASS names no test"))
     expected = {"FAIL_TO_PASS": sorted(draft.fail_to_pass), "PASS_TO_PASS": sorted(draft.pass_to_pass)}
     files = {"instruction.md": draft.instruction.encode(),
-             "task.toml": task_toml(name, draft, family, split, seed).encode(),
+             "task.toml": task_toml(name, draft, family, split, seed, built=environment is not None).encode(),
+             **{f"environment/{rel}": data for rel, data in (environment or {}).items()},
              "solution/solve.sh": solve if solve is not None else solve_sh(draft.fixed),
              **{REPO + rel: data for rel, data in draft.repo.items()},
              **{f"tests/{n}": data for n, data in verifier_files().items()},
@@ -274,6 +283,16 @@ def generate(family: str, split: str, seed: int, n: int, out: Path, *, force: bo
     return [write_task(out, name, files, force) for name, _, files in tasks]
 
 
+class WithRequirement(argparse.Action):
+    """--with REQ belongs to the --source before it: kept as (that source's index, REQ)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        sources = getattr(namespace, "source", None) or []
+        if not sources:
+            parser.error(f"{option_string} {values}: give it after the --source whose tests need it")
+        setattr(namespace, self.dest, [*getattr(namespace, self.dest), (len(sources) - 1, values)])
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("family", help=f"the task family: {', '.join(sorted(FAMILIES))}, or mutations (bugs put into "
                                   "the projects named by --source, validated by their own tests: docs/tasks.md)")
@@ -288,6 +307,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--source", action="append", metavar="SPEC",
                    help="a project: a checkout directory, an sdist .tar.gz, or a requirement pip downloads "
                         "(repeatable)")
+    m.add_argument("--with", dest="with_", action=WithRequirement, default=[], metavar="REQ",
+                   help="a requirement the previous --source's tests need (pytest, hypothesis==6.*; repeatable): its "
+                        "wheels go into an image its tasks share, built by `agentrl images build` (docs/tasks.md)")
+    m.add_argument("--base-image", default=None, metavar="REF",
+                   help="what the image of a source with --with is built FROM (default python:3.11-slim)")
+    m.add_argument("--image-cache", type=Path, metavar="DIR",
+                   help="the image cache where that image is found (`agentrl images build ... --cache DIR`)")
     m.add_argument("--hints", action="store_true", help="the instruction names the file and function of the bug")
     m.add_argument("--clean-runs", type=int, default=3, help="runs of the clean tree, to find flaky tests (default 3)")
     m.add_argument("--test-timeout", type=float, default=20.0,
@@ -310,8 +336,9 @@ def run(args: argparse.Namespace) -> int:
     if args.family == "mutations":
         from .mutate.cli import run as run_mutations
         return run_mutations(args, t0)
-    if args.source or args.hints or args.slurm:
-        print(f"--source, --hints and --slurm are the mutations family's, not {args.family!r}'s", file=sys.stderr)
+    if args.source or args.hints or args.slurm or args.with_ or args.base_image or args.image_cache:
+        print(f"--source, --with, --base-image, --image-cache, --hints and --slurm are the mutations family's, "
+              f"not {args.family!r}'s", file=sys.stderr)
         return 2
     if args.jobs < 1:
         print(f"--jobs must be at least 1, got {args.jobs}", file=sys.stderr)

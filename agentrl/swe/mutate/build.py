@@ -24,9 +24,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpc.fsio import write_atomic
+from hpc.images.cache import ImageCache
+from hpc.sandbox.base import SandboxError
+
 from ..generate import SPLITS, Refused, _occupied, layout, split_of, task_name, write_task
-from ..task import Resources
+from ..sandboxes import resolve_image
+from ..task import HOST_IMAGE, Resources
 from . import issue, slurm
+from .environment import DEFAULT_BASE, Environment, check_requirement, fetch, work_name
 from .operators import Mutator, Site
 from .project import Project, SourceError, load, task_repository
 from .runner import Job, read_result, run_jobs, suite_spec
@@ -56,10 +62,27 @@ class Options:
     slurm: bool = False               # each batch as a job array (slurm.py)
     parallelism: int = 8              # with slurm: array tasks at once
     sbatch_options: tuple[str, ...] = ()
+    requirements: tuple[tuple[str, ...], ...] = ()     # per source, what its tests need (--with); () for none
+    base_image: str | None = None
+    image_cache: Path | None = None
 
     def __post_init__(self) -> None:
         if not self.sources:
             raise Refused("mutations needs --source: a project checkout, an sdist (.tar.gz) or a requirement")
+        if self.requirements and len(self.requirements) != len(self.sources):
+            raise Refused(f"{len(self.requirements)} requirement lists for {len(self.sources)} sources")
+        try:
+            for reqs in self.requirements:
+                for r in reqs:
+                    check_requirement(r)
+        except SourceError as e:
+            raise Refused(str(e)) from None
+        if any(self.requirements) and self.image_cache is None:
+            raise Refused("--with needs --image-cache DIR: validation runs in the image the tasks will use, found "
+                          "there (it is built with `agentrl images build ... --cache DIR`)")
+        if self.base_image is not None and not any(self.requirements):
+            raise Refused("--base-image is the image of a source with --with: add --with after that --source, or "
+                          "drop --base-image")
         if self.clean_runs < 2:
             raise Refused(f"--clean-runs must be at least 2 (one run cannot show a flaky test), got {self.clean_runs}")
         if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
@@ -96,7 +119,8 @@ class Tally:
 
     def line(self, name: str, quota: int, left: int) -> str:
         reasons = ", ".join(f"{r} {self.refused[r]}" for r in REASONS if self.refused[r]) or "none"
-        return (f"{name}: built {self.built}, kept {self.kept} of {quota}, refused {sum(self.refused.values())} "
+        # kept can pass the quota: a batch validates all of its candidates, and the spares serve a larger --n
+        return (f"{name}: built {self.built}, kept {self.kept} ({quota} wanted), refused {sum(self.refused.values())} "
                 f"({reasons}), remaining {max(0, quota - self.kept)} to keep, {left} candidates untried")
 
 
@@ -140,13 +164,14 @@ def _run(project: Project, work: Path, opts: Options, spec, todo: list[Job], wor
     """The jobs' result files: in sandboxes here, `workers` at once, or with --slurm as one job array."""
     if opts.slurm:
         slurm.submit_batch(work, task_repository(project), spec, todo, parallelism=opts.parallelism,
-                           timeout_s=opts.timeout_s, scratch=opts.scratch, sbatch_options=opts.sbatch_options)
+                           timeout_s=opts.timeout_s, scratch=opts.scratch, sbatch_options=opts.sbatch_options,
+                           image_cache=opts.image_cache)
     else:
         run_jobs(task_repository(project), spec, todo, workers=workers, timeout_s=opts.timeout_s,
-                 scratch=opts.scratch)
+                 scratch=opts.scratch, cache=ImageCache(opts.image_cache) if opts.image_cache else None)
 
 
-def _clean(project: Project, work: Path, opts: Options, spec) -> Baseline:
+def _clean(project: Project, work: Path, opts: Options, spec, environment: Environment | None) -> Baseline:
     path = work / "clean.json"
     if read_result(path) is None:
         _run(project, work, opts, spec, [Job(path, b"", opts.clean_runs)], workers=1)
@@ -155,21 +180,23 @@ def _clean(project: Project, work: Path, opts: Options, spec) -> Baseline:
     if not base.passing:
         said = next((f for r in runs for f in r.failures.values()), "") or ("the run timed out" if any(
             r.timed_out for r in runs) else "no test ran")
+        where = (f"in its image, with {', '.join(environment.requirements)} installed" if environment else
+                 "nothing installed")
         raise SourceError(f"{project.name}: no test passes on the clean tree, run as the grader runs it "
-                          f"(python3 -m unittest discover -s tests -t . in the repository, nothing installed): "
-                          f"{said[-800:]}\nMake the suite pass that way (pytest-style tests and third-party test "
-                          f"dependencies need an image: not yet), or choose another source")
+                          f"(python3 -m unittest discover -s tests -t . in the repository, {where}): "
+                          f"{said[-800:]}\nMake the suite pass that way (a third-party dependency of the tests: "
+                          f"--with it after the --source; pytest-style tests: not yet), or choose another source")
     return base
 
 
-def validate(mutants: Mutants, quota: int, opts: Options, progress: Callable[[str], None] = lambda s: None
-             ) -> list[tuple[Candidate, Verdict, dict[str, str]]]:
+def validate(mutants: Mutants, quota: int, opts: Options, progress: Callable[[str], None] = lambda s: None,
+             environment: Environment | None = None) -> list[tuple[Candidate, Verdict, dict[str, str]]]:
     """The first `quota` kept candidates, each with its verdict and its failures' excerpts."""
     project = mutants.project
-    work = opts.out / WORK / f"{project.name}-{project.digest}"
+    work = opts.out / WORK / work_name(project, environment)
     work.mkdir(parents=True, exist_ok=True)
-    spec = suite_spec(project.name, opts.timeout_s, RESOURCES)
-    base = _clean(project, work, opts, spec)
+    spec = suite_spec(project.name, opts.timeout_s, RESOURCES, environment.image if environment else HOST_IMAGE)
+    base = _clean(project, work, opts, spec, environment)
     # How far earlier runs got, in batches of whatever size: the first batch reaches that far, so their
     # results are judged, and only the gaps they left run, before anything further down the order
     frontier = max((i + 1 for i, c in enumerate(mutants.order) if (work / f"{c.id}.json").exists()), default=0)
@@ -218,17 +245,22 @@ def generate(opts: Options, progress: Callable[[str], None] = lambda s: None) ->
     if opts.out.exists() and not opts.out.is_dir():
         raise Refused(f"--out {opts.out} is not a directory: name a directory (it is created if missing)")
     projects = [load(s, opts.find_links) for s in opts.sources]
+    base = opts.base_image or DEFAULT_BASE
+    environments = [fetch(reqs, base, opts.find_links) if reqs else None
+                    for reqs in opts.requirements or [()] * len(projects)]
+    _check_images(projects, environments, opts)
     quotas = [opts.n // len(projects) + (i < opts.n % len(projects)) for i in range(len(projects))]
     tasks: list[tuple[str, dict[str, bytes]]] = []
-    for project, quota in zip(projects, quotas, strict=True):
+    for project, environment, quota in zip(projects, environments, quotas, strict=True):
         if quota:
             mutants = Mutants(project, opts.split, opts.seed)
-            for c, v, failures in validate(mutants, quota, opts, progress):
+            for c, v, failures in validate(mutants, quota, opts, progress, environment):
                 d = issue.draft(project, c.key, c.path, mutants.mutated(c), c.site.operator, c.site.function,
                                 c.site.line, v.fail_to_pass, v.pass_to_pass, failures, opts.hints)
                 inverse = unified_diff(c.path, mutants.mutated(c), project.files[c.path].decode())
                 name = task_name(FAMILY, opts.split, opts.seed, len(tasks))
-                files = layout(name, d, FAMILY, opts.split, opts.seed, issue.solve_sh(inverse), suite=True)
+                files = layout(name, d, FAMILY, opts.split, opts.seed, issue.solve_sh(inverse), suite=True,
+                               environment=environment.context() if environment else None)
                 tasks.append((name, files))
     written = []
     for name, files in tasks:
@@ -243,12 +275,43 @@ def generate(opts: Options, progress: Callable[[str], None] = lambda s: None) ->
     return written
 
 
+ENVIRONMENTS = "environments.jsonl"
+
+
+def _check_images(projects: list[Project], environments: list[Environment | None], opts: Options) -> None:
+    """Every source's image is in --image-cache before any validation; else OUT/.mutations/environments.jsonl
+    holds their builds, and the error is the command that makes them."""
+    cache = ImageCache(opts.image_cache) if opts.image_cache else None
+    missing = []
+    for project, environment in zip(projects, environments, strict=True):
+        if environment is None:
+            continue
+        try:
+            resolve_image(environment.image, "bwrap", cache)
+        except SandboxError:
+            missing.append((project, environment))
+    if not missing:
+        return
+    path = opts.out / WORK / ENVIRONMENTS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, b"".join(json.dumps(e.record(p), sort_keys=True).encode() + b"\n" for p, e in missing))
+    names = ", ".join(f"{p.name} (with {', '.join(e.requirements)})" for p, e in missing)
+    raise SourceError(f"the image of {names} is not in --image-cache {opts.image_cache} yet: validation runs in the "
+                      f"image the tasks will use. Build it with `agentrl images build {path} --cache "
+                      f"{opts.image_cache}` (and --registries-conf, --slurm... as for any data set), then run this "
+                      "command again")
+
+
 def _same(target: Path, files: dict[str, bytes]) -> bool:
     have = {p.relative_to(target).as_posix(): p for p in target.rglob("*") if p.is_file()}
     return set(have) == set(files) and all(have[rel].read_bytes() == data for rel, data in files.items())
 
 
 def options(args: argparse.Namespace) -> Options:
-    return Options(tuple(args.source or ()), args.n, args.seed, args.split, Path(args.out), args.hints, args.force,
+    sources = tuple(args.source or ())
+    given = getattr(args, "with_", [])
+    requirements = tuple(tuple(r for i, r in given if i == k) for k in range(len(sources))) if given else ()
+    return Options(sources, args.n, args.seed, args.split, Path(args.out), args.hints, args.force,
                    args.jobs, args.clean_runs, args.test_timeout, args.find_links, args.scratch, args.slurm,
-                   args.parallelism, tuple(args.sbatch_option))
+                   args.parallelism, tuple(args.sbatch_option), requirements, getattr(args, "base_image", None),
+                   getattr(args, "image_cache", None))

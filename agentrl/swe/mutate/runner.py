@@ -1,6 +1,7 @@
 """The I/O shell of validation: a project's test suite run in real sandboxes, each run's result a file.
 
-Each worker holds one sandbox of the project (the `host` image, as its tasks will have) for many runs:
+Each worker holds one sandbox of the project (the `host` image, or the image of the project's --with
+requirements: what its tasks will have) for many runs:
 `episode.baseline` records the clean tree once, and before each run `episode.restore` puts the tree
 back and applies the run's diff (none for a clean run), so a run starts from the tree a grader would
 see and nothing a previous run wrote remains. The suite runs as the grader runs it (the same unittest
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc.fsio import write_atomic
+from hpc.images.cache import ImageCache
 from hpc.sandbox.base import SandboxError
 
 from .. import episode
@@ -41,9 +43,9 @@ class Job:
     again: Callable[[Run], bool] | None = None
 
 
-def suite_spec(name: str, timeout_s: float, resources: Resources) -> TaskSpec:
-    """The sandbox's spec: a task of the project with no bug, as a task's own would be."""
-    return TaskSpec(instance_id=f"validate-{name}", image=HOST_IMAGE, workdir=WORKDIR, prompt="validation",
+def suite_spec(name: str, timeout_s: float, resources: Resources, image: str = HOST_IMAGE) -> TaskSpec:
+    """The sandbox's spec: a task of the project with no bug, as a task's own would be (in its image)."""
+    return TaskSpec(instance_id=f"validate-{name}", image=image, workdir=WORKDIR, prompt="validation",
                     eval_command=["python3", *UNITTEST], timeouts=Timeouts(agent_s=timeout_s, eval_s=timeout_s),
                     resources=resources)
 
@@ -68,8 +70,8 @@ async def _run_suite(sb, spec: TaskSpec, diff: bytes, timeout_s: float) -> Run:
 
 
 async def _worker(repo: Path, spec: TaskSpec, jobs: asyncio.Queue, timeout_s: float, scratch: str | None,
-                  done: Callable[[Job], None]) -> None:
-    async with task_sandbox(spec, workdir_source=repo, scratch_dir=scratch) as sb:
+                  cache: ImageCache | None, done: Callable[[Job], None]) -> None:
+    async with task_sandbox(spec, workdir_source=repo, scratch_dir=scratch, cache=cache) as sb:
         await episode.baseline(sb, spec, restorable=True)
         while True:
             try:
@@ -85,9 +87,11 @@ async def _worker(repo: Path, spec: TaskSpec, jobs: asyncio.Queue, timeout_s: fl
 
 
 def run_jobs(repository: dict[str, bytes], spec: TaskSpec, todo: list[Job], *, workers: int, timeout_s: float,
-             scratch: str | None = None, done: Callable[[Job], None] = lambda job: None) -> None:
-    """Every job's result file, `workers` sandboxes at a time. Raises SandboxError when a sandbox cannot
-    run (the infrastructure's failure, not a mutant's: nothing is refused for it)."""
+             scratch: str | None = None, cache: ImageCache | None = None,
+             done: Callable[[Job], None] = lambda job: None) -> None:
+    """Every job's result file, `workers` sandboxes at a time (spec's image found in `cache`). Raises
+    SandboxError when a sandbox cannot run (the infrastructure's failure, not a mutant's: nothing is
+    refused for it)."""
     if not todo:
         return
     tmp = Path(tempfile.mkdtemp(prefix="agentrl-mutate-", dir=scratch))
@@ -98,7 +102,7 @@ def run_jobs(repository: dict[str, bytes], spec: TaskSpec, todo: list[Job], *, w
             queue: asyncio.Queue = asyncio.Queue()
             for job in todo:
                 queue.put_nowait(job)
-            await asyncio.gather(*(_worker(repo, spec, queue, timeout_s, scratch, done)
+            await asyncio.gather(*(_worker(repo, spec, queue, timeout_s, scratch, cache, done)
                                    for _ in range(max(1, min(workers, len(todo))))))
         asyncio.run(main())
     except SandboxError as e:

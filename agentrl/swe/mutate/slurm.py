@@ -25,16 +25,18 @@ from pathlib import Path
 
 from hpc.fsio import write_atomic
 from hpc.images.array import JobOutcome, array_script, job_alive, submit, watch, write_outcome
+from hpc.images.cache import ImageCache
 from hpc.sandbox.base import SandboxError
 
 from ..loaded import materialize
-from ..task import Resources, TaskSpec
+from ..task import HOST_IMAGE, Resources, TaskSpec
 from .runner import Job, read_result, run_jobs, suite_spec
 from .verdict import Run, baseline, judge
 
 
 def submit_batch(work: Path, repository: dict[str, bytes], spec: TaskSpec, todo: list[Job], *, parallelism: int,
                  timeout_s: float, scratch: str | None, sbatch_options: Sequence[str] = (),
+                 image_cache: Path | None = None,
                  submit: Callable[[Path], str] = submit, alive: Callable[[str], bool] = job_alive,
                  poll_s: float = 2.0) -> None:
     """Every job's result file, made by one job array; SandboxError naming what failed. A job whose
@@ -49,6 +51,7 @@ def submit_batch(work: Path, repository: dict[str, bytes], spec: TaskSpec, todo:
         jobs.append({"result": str(job.path.resolve()), "runs": job.runs, "confirm": job.again is not None})
     write_atomic(batch / "jobs.json", json.dumps({
         "name": spec.instance_id.removeprefix("validate-"), "timeout_s": timeout_s, "scratch": scratch,
+        "image": spec.image, "image_cache": str(image_cache.resolve()) if image_cache else None,
         "cpus": spec.resources.cpus, "mem_mb": spec.resources.mem_mb, "clean": str((work / "clean.json").resolve()),
         "jobs": jobs}, indent=1).encode())
     script = batch / "job.sbatch"
@@ -78,13 +81,16 @@ def run_task(batch: Path, index: int, outcomes: Path) -> int:
 
         def again(run: Run) -> bool:
             return judge(base, run).kept
-    spec = suite_spec(data["name"], data["timeout_s"], Resources(cpus=data["cpus"], mem_mb=data["mem_mb"]))
+    spec = suite_spec(data["name"], data["timeout_s"], Resources(cpus=data["cpus"], mem_mb=data["mem_mb"]),
+                      data.get("image") or HOST_IMAGE)
+    cache = ImageCache(data["image_cache"]) if data.get("image_cache") else None
     repo = batch / "repo"
     repository = {p.relative_to(repo).as_posix(): p.read_bytes() for p in sorted(repo.rglob("*")) if p.is_file()}
     job = Job(Path(entry["result"]), (batch / f"{index}.diff").read_bytes(), entry["runs"], again)
     name = job.path.stem
     try:
-        run_jobs(repository, spec, [job], workers=1, timeout_s=data["timeout_s"], scratch=data["scratch"])
+        run_jobs(repository, spec, [job], workers=1, timeout_s=data["timeout_s"], scratch=data["scratch"],
+                 cache=cache)
         outcome = JobOutcome(index=index, name=name, outcome="built", message=str(job.path))
     except (SandboxError, OSError) as e:
         outcome = JobOutcome(index=index, name=name, outcome="failed", message=str(e))

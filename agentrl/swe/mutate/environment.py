@@ -1,0 +1,121 @@
+"""What a source's tests need beyond the standard library: its requirements as wheels, in an image of its own.
+
+A source given `--with REQ` (`--source attrs==23.1.0 --with pytest --with hypothesis`) has its
+requirements fetched once as wheels (`pip download --only-binary :all:`; with --find-links from that
+directory alone, offline). Its tasks then carry an environment/ build context, the same for every task
+of the source:
+
+    environment/Dockerfile     FROM the base, the wheels installed with pip --no-index, WORKDIR /testbed
+    environment/wheels/*.whl   the wheels, so the build needs no index
+    environment/repo/          the task's repository: [environment] testbed, carried beside the image
+
+so `agentrl images build` makes one image per source, whose tasks differ only in their repositories.
+Validation runs in that same image, found in --image-cache by the name its tasks will give
+(`dockerfile:<key>`); until it is there the command says how to build it (`environments.jsonl`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpc.images.dockerfile import DOCKERFILE, build_key, built_image_name
+
+from ..task import encode_payload
+from .project import Project, SourceError
+
+DEFAULT_BASE = "python:3.11-slim"
+WHEELS = "wheels"
+MAX_WHEEL_BYTES = 48 * 2**20         # a task carries its wheels: a dependency bigger than that belongs in a base image
+REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?\s*([<>=!~]=?.*)?$")
+
+
+@dataclass(frozen=True)
+class Environment:
+    requirements: tuple[str, ...]
+    base: str
+    wheels: dict[str, bytes]          # file name -> bytes, sorted
+
+    def dockerfile(self) -> str:
+        reqs = " ".join(_quote(r) for r in self.requirements)
+        # PIP_BREAK_SYSTEM_PACKAGES: a base whose Python a distribution manages (PEP 668) refuses a plain
+        # install; older pips ignore the variable. The wheels go once installed: the image holds no index.
+        return (f"FROM {self.base}\n"
+                f"COPY {WHEELS}/ /tmp/agentrl-wheels/\n"
+                "RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-index --no-cache-dir "
+                f"--disable-pip-version-check --find-links /tmp/agentrl-wheels {reqs} && rm -rf /tmp/agentrl-wheels\n"
+                "WORKDIR /testbed\n")
+
+    def context(self) -> dict[str, bytes]:
+        """The build context, as a task's environment/ holds it (its testbed aside)."""
+        return {DOCKERFILE: self.dockerfile().encode(), **{f"{WHEELS}/{n}": d for n, d in self.wheels.items()}}
+
+    @property
+    def key(self) -> str:
+        return build_key(self.context())
+
+    @property
+    def image(self) -> str:
+        """The image's name in the cache: what `agentrl convert harbor` names it from a task's environment/."""
+        return built_image_name(self.key)
+
+    def record(self, project: Project) -> dict:
+        """A prompt record that `agentrl images build` builds this environment from (environments.jsonl)."""
+        return {"prompt": f"the environment of {project.name}'s mutations tasks",
+                "metadata": {"instance_id": f"environment-{project.name}", "image": self.image,
+                             "harbor": {"environment_build": {
+                                 "key": self.key, "executable": [], "check": None,
+                                 "files": {rel: encode_payload(data) for rel, data in self.context().items()}}}}}
+
+
+def _quote(requirement: str) -> str:
+    return "'" + requirement.replace("'", "") + "'"
+
+
+def check_requirement(requirement: str) -> str:
+    """A `--with` value: a requirement pip understands, without URLs, paths or options (what a Dockerfile's
+    RUN line and a task carry must be plain)."""
+    r = requirement.strip()
+    if not REQUIREMENT.match(r) or "'" in r or r.startswith("-"):
+        raise SourceError(f"--with {requirement!r}: not a requirement such as 'pytest' or 'hypothesis==6.100.*' "
+                          "(URLs, paths and pip options are refused: put a wheel in a --find-links directory)")
+    return r
+
+
+def fetch(requirements: tuple[str, ...], base: str, find_links: Path | None = None) -> Environment:
+    """The requirements' wheels, their dependencies included, as pip downloads them for this Python."""
+    index = ["--no-index", "--find-links", str(find_links)] if find_links else []
+    with tempfile.TemporaryDirectory(prefix="agentrl-wheels-") as tmp:
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--only-binary", ":all:", "--quiet",
+                            "--disable-pip-version-check", "--dest", tmp, *index, *requirements],
+                           capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+        if r.returncode != 0:
+            said = (r.stderr or r.stdout).strip()[-800:]
+            where = f"in --find-links {find_links}" if find_links else "on the index"
+            raise SourceError(f"--with {' '.join(requirements)}: pip download found no wheels {where} ({said}): "
+                              "name requirements that have wheels, or pip download them into a --find-links "
+                              "directory where there is network")
+        wheels = {}
+        for p in sorted(Path(tmp).iterdir()):
+            if p.suffix != ".whl":
+                raise SourceError(f"--with: pip downloaded {p.name}, not a wheel: its tests' dependencies must "
+                                  "install without a build (name a version that has a wheel)")
+            wheels[p.name] = p.read_bytes()
+    if sum(map(len, wheels.values())) > MAX_WHEEL_BYTES:
+        raise SourceError(f"--with {' '.join(requirements)}: the wheels take more than {MAX_WHEEL_BYTES >> 20} MiB, "
+                          "which every task would carry: put them in the base image (--base-image) instead")
+    return Environment(requirements, base, wheels)
+
+
+def work_name(project: Project, environment: Environment | None) -> str:
+    """The source's directory under OUT/.mutations: its results hold for this project in this environment."""
+    if environment is None:
+        return f"{project.name}-{project.digest}"
+    digest = hashlib.sha256(json.dumps([project.digest, environment.key]).encode()).hexdigest()[:16]
+    return f"{project.name}-{digest}"

@@ -1,0 +1,214 @@
+"""A project whose tests need a third-party package: `agentrl tasks generate mutations --source DIR --with REQ`.
+
+With real parts: the dependency is a wheel pip installs with --no-index from a --find-links directory
+(made here, offline), the base image is the host's programs with pip, served by a loopback registry
+as a site's mirror serves Docker Hub's python:3.11-slim, the image is built by buildah through
+`agentrl images build`, and validation and grading run in it in bwrap. The project's suite fails
+without the package (refused, naming --with); with it, validation waits for the image, then makes
+tasks that share one build and grade oracle 1, no-op 0, and 0 for each known hack.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from oci_registry import push_rootfs, registries_conf
+
+from agentrl.swe.mutate.environment import Environment, check_requirement
+from agentrl.swe.mutate.project import SourceError
+from hpc.images.hostroot import build_host_rootfs
+
+ROOT = Path(__file__).resolve().parents[1]
+pytest_plugins = ["oci_registry"]
+TOOLS = ("docker-registry", "buildah", "skopeo", "bwrap")
+DEBIAN_PIP = Path("/usr/lib/python3/dist-packages/pip")      # python3-pip: the base image's pip
+needs_tools = pytest.mark.skipif(
+    any(shutil.which(t) is None for t in TOOLS) or os.geteuid() != 0 or not DEBIAN_PIP.is_dir(),
+    reason=f"needs {', '.join(TOOLS)} and Debian's python3-pip (make sysdeps installs them) and root (buildah's "
+           "chroot isolation, bwrap's overlay mounts)")
+
+TALLY = {
+    "tally/__init__.py": '''"""Counting and bounding numbers."""
+
+
+def count_at_least(items, threshold):
+    n = 0
+    for x in items:
+        if x >= threshold:
+            n += 1
+    return n
+
+
+def clamp(x, lo, hi):
+    if x < lo:
+        return lo
+    if x > hi:
+        return hi
+    return x
+
+
+def mean(xs):
+    if not xs:
+        raise ValueError("the mean of nothing")
+    return sum(xs) / len(xs)
+
+
+def spread(xs):
+    return max(xs) - min(xs)
+''',
+    "tests/__init__.py": "",
+    "tests/test_tally.py": '''import unittest
+
+from tinycheck import check_equal      # a third-party package: not in the standard library
+
+from tally import clamp, count_at_least, mean, spread
+
+
+class TallyTest(unittest.TestCase):
+    def test_count(self):
+        check_equal(count_at_least([1, 2, 3, 4], 3), 2)
+
+    def test_count_empty(self):
+        check_equal(count_at_least([], 1), 0)
+
+    def test_clamp_low(self):
+        check_equal(clamp(-5, 0, 10), 0)
+
+    def test_clamp_high(self):
+        check_equal(clamp(50, 0, 10), 10)
+
+    def test_clamp_inside(self):
+        check_equal(clamp(5, 0, 10), 5)
+
+    def test_mean(self):
+        check_equal(mean([1, 2, 6]), 3)
+
+    def test_mean_of_nothing(self):
+        with self.assertRaises(ValueError):
+            mean([])
+
+    def test_spread(self):
+        check_equal(spread([4, 9, 1]), 8)
+''',
+}
+
+
+def write(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def tinycheck_wheel(tmp: Path) -> Path:
+    """tinycheck-1.0-py3-none-any.whl in a --find-links directory, built offline by pip."""
+    src = write(tmp / "tinycheck-src", {
+        "pyproject.toml": '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n\n'
+                          '[project]\nname = "tinycheck"\nversion = "1.0"\n',
+        "tinycheck/__init__.py": 'def check_equal(a, b):\n    assert a == b, f"{a!r} != {b!r}"\n'})
+    links = tmp / "links"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir",
+                    str(links), str(src)], check=True, capture_output=True)
+    return links
+
+
+def agentrl(*args, timeout=600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agentrl.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def test_a_with_requirement_is_plain_and_its_image_is_named_by_its_content():
+    assert check_requirement(" hypothesis==6.* ") == "hypothesis==6.*"
+    for bad in ("--index-url=http://x", "https://x/y.whl", "./wheel.whl", "pkg'; rm -rf /", ""):
+        with pytest.raises(SourceError, match="--with"):
+            check_requirement(bad)
+    a = Environment(("tinycheck",), "python:3.11-slim", {"tinycheck-1.0-py3-none-any.whl": b"PK"})
+    assert a.image == Environment(("tinycheck",), "python:3.11-slim", dict(a.wheels)).image
+    assert a.image != Environment(("tinycheck",), "python:3.12-slim", dict(a.wheels)).image
+    assert a.image != Environment(("tinycheck",), "python:3.11-slim", {"tinycheck-1.0-py3-none-any.whl": b"PK2"}).image
+    assert "pip install --no-index" in a.dockerfile() and a.dockerfile().startswith("FROM python:3.11-slim\n")
+
+
+def test_with_before_any_source_and_a_base_without_with_are_refused(tmp_path):
+    out = tmp_path / "out"
+    r = agentrl("tasks", "generate", "mutations", "--with", "pytest", "--source", tmp_path, "--n", "1",
+                "--split", "train", "--out", out)
+    assert r.returncode == 2 and "give it after the --source" in r.stderr, r.stderr
+    r = agentrl("tasks", "generate", "mutations", "--source", tmp_path, "--base-image", "python:3.12", "--n", "1",
+                "--split", "train", "--out", out)
+    assert r.returncode == 2 and "--base-image is the image of a source with --with" in r.stderr, r.stderr
+    r = agentrl("tasks", "generate", "mutations", "--source", tmp_path, "--with", "pytest", "--n", "1",
+                "--split", "train", "--out", out)
+    assert r.returncode == 2 and "--with needs --image-cache" in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@needs_tools
+def test_tasks_of_a_project_with_a_test_dependency_share_one_image_and_grade_in_it(registry, tmp_path):
+    project = write(tmp_path / "tally", TALLY)
+    links = tinycheck_wheel(tmp_path)
+    out, cache = tmp_path / "tasks", tmp_path / "cache"
+    generate = ("tasks", "generate", "mutations", "--source", project)
+    common = ("--n", "3", "--seed", "0", "--split", "train", "--out", out)
+
+    # Without the package its suite cannot run: refused, and told what to add
+    bare = agentrl(*generate, *common)
+    assert bare.returncode == 1 and "no test passes on the clean tree" in bare.stderr, bare.stderr
+    assert "tinycheck" in bare.stderr and "--with it after the --source" in bare.stderr
+
+    # With it: the image is not built yet, so nothing is validated and the command to build it is given
+    deps = ("--with", "tinycheck", "--find-links", links, "--image-cache", cache)
+    first = agentrl(*generate, *deps, *common)
+    environments = out / ".mutations" / "environments.jsonl"
+    assert first.returncode == 1 and f"agentrl images build {environments} --cache {cache}" in first.stderr, \
+        first.stderr
+    assert len(list((out / ".mutations").glob("tally-*/clean.json"))) == 1        # the run without it
+
+    # The site's mirror of Docker Hub's python image: the host's programs with pip
+    base = tmp_path / "base"
+    build_host_rootfs(base / "rootfs")
+    shutil.copytree(DEBIAN_PIP, base / "rootfs/usr/lib/python3/dist-packages/pip")
+    push_rootfs(base / "rootfs", base / "layout", f"{registry}/library/python:3.11-slim")
+    conf = registries_conf(base / "registries.conf", "docker.io/library/python", f"{registry}/library/python")
+    storage = ("--registries-conf", conf, "--storage-root", tmp_path / "buildah", "--storage-driver", "vfs")
+    built = agentrl("images", "build", environments, "--cache", cache, *storage)
+    assert built.returncode == 0 and "1 built, 0 cached, 0 failed" in built.stderr, built.stderr[-3000:]
+
+    made = agentrl(*generate, *deps, *common)
+    assert made.returncode == 0, made.stderr[-3000:]
+    tasks = sorted(p for p in out.iterdir() if not p.name.startswith("."))
+    assert len(tasks) == 3
+    for t in tasks:
+        env = t / "environment"
+        assert sorted(p.relative_to(env).as_posix() for p in env.rglob("*") if p.is_file() and "repo" not in p.parts) \
+            == ["Dockerfile", "wheels/tinycheck-1.0-py3-none-any.whl"]
+        assert (env / "repo" / "tally" / "__init__.py").is_file()
+        assert 'testbed = "repo"' in (t / "task.toml").read_text()
+    results = {p: p.stat().st_mtime_ns for p in (out / ".mutations").rglob("*.json")}
+    again = agentrl(*generate, *deps, *common)          # resumable: every result is there, nothing runs again
+    assert again.returncode == 0 and re.search(r"tally: built \d+, kept \d+ \(3 wanted\)", again.stderr), again.stderr
+    assert {p: p.stat().st_mtime_ns for p in (out / ".mutations").rglob("*.json")} == results
+
+    prompts = tmp_path / "prompts.jsonl"
+    converted = agentrl("convert", "harbor", out, "--out", prompts)
+    assert converted.returncode == 0, converted.stderr
+    records = [json.loads(line) for line in prompts.read_text().splitlines()]
+    assert len({r["metadata"]["image"] for r in records}) == 1            # one image for the project's tasks
+    assert all(r["metadata"]["harbor"]["testbed_files"] for r in records)
+    shared = agentrl("images", "build", out, "--cache", cache, *storage)
+    assert shared.returncode == 0 and "0 built, 1 cached, 0 failed" in shared.stderr, shared.stderr[-2000:]
+
+    check = agentrl("tasks", "check", prompts, "--runtime", "bwrap", "--image-cache", cache, "--json")
+    rows = json.loads(check.stdout.strip().splitlines()[-1])["tasks"]
+    assert check.returncode == 0, (rows, check.stderr[-2000:])
+    assert [(r["oracle_reward"], r["noop_reward"]) for r in rows] == [(1.0, 0.0)] * 3
+    hacks = agentrl("tasks", "check", tasks[0], "--hacks-only", "--runtime", "bwrap", "--image-cache", cache, "--json")
+    assert hacks.returncode == 0, hacks.stdout[-2000:] + hacks.stderr[-2000:]
+    runs = json.loads(hacks.stdout.strip().splitlines()[-1])["hacks"]
+    assert len(runs) >= 20 and all(r["reward"] == 0 and not r["problem"] for r in runs), runs   # each hack, both modes

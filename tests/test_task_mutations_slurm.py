@@ -62,3 +62,22 @@ def test_an_array_task_that_ends_without_an_outcome_fails_the_batch_naming_its_o
     script = (batch / "job.sbatch").read_text()
     assert "#SBATCH --array=0,1%2" in script and "-m agentrl.swe.mutate.slurm" in script
     assert (batch / "1.diff").read_bytes() == b"--- x\n" and (batch / "repo/p/__init__.py").exists()
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0,
+                    reason="needs bubblewrap (make sysdeps) and root for overlay mounts")
+def test_an_array_task_validates_in_the_image_of_the_sources_requirements_from_the_cache_it_is_given(tmp_path):
+    """--with: jobs.json names the image and the cache, and the array task's sandbox looks there (an empty
+    cache here, so the task fails naming both; tests/test_task_mutations_deps.py runs the image)."""
+    image = "dockerfile:sha256:" + "0" * 64
+    spec = runner.suite_spec("p", 2.0, RESOURCES, image)
+    cache = tmp_path / "cache"
+    with pytest.raises(SandboxError):     # submitted nowhere: the watch sees the job gone, without an outcome
+        slurm.submit_batch(tmp_path, {"p/__init__.py": b""}, spec, [runner.Job(tmp_path / "a.json", b"")],
+                           parallelism=1, timeout_s=2.0, scratch=None, image_cache=cache,
+                           submit=lambda script: "7", alive=lambda job: False, poll_s=0)
+    batch = next((tmp_path / "batches").iterdir())
+    outcomes = tmp_path / "outcomes"
+    assert slurm.run_task(batch, 0, outcomes) == 1
+    said = next(outcomes.rglob("*.json")).read_text()
+    assert image in said and str(cache) in said, said

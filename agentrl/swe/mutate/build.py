@@ -24,15 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpc.fsio import write_atomic
 from hpc.images.cache import ImageCache
-from hpc.sandbox.base import SandboxError
 
 from ..generate import SPLITS, Refused, _occupied, layout, split_of, task_name, write_task
-from ..sandboxes import resolve_image
 from ..task import HOST_IMAGE, Resources
 from . import issue, slurm
-from .environment import DEFAULT_BASE, Environment, check_requirement, fetch, work_name
+from .environment import DEFAULT_BASE, ENVIRONMENTS, Environment, check_requirement, fetch, require_images, work_name
 from .operators import Mutator, Site
 from .project import Project, SourceError, load, task_repository
 from .runner import Job, read_result, run_jobs, suite_spec
@@ -246,9 +243,13 @@ def generate(opts: Options, progress: Callable[[str], None] = lambda s: None) ->
         raise Refused(f"--out {opts.out} is not a directory: name a directory (it is created if missing)")
     projects = [load(s, opts.find_links) for s in opts.sources]
     base = opts.base_image or DEFAULT_BASE
-    environments = [fetch(reqs, base, opts.find_links) if reqs else None
-                    for reqs in opts.requirements or [()] * len(projects)]
-    _check_images(projects, environments, opts)
+    environments: list[Environment | None] = []
+    for project, reqs in zip(projects, opts.requirements or [()] * len(projects), strict=True):
+        if reqs:
+            progress(f"{project.name}: fetching the wheels of {', '.join(reqs)}")
+        environments.append(fetch(reqs, base, opts.find_links) if reqs else None)
+    require_images([(p, e) for p, e in zip(projects, environments, strict=True) if e is not None],
+                   opts.image_cache, opts.out / WORK / ENVIRONMENTS)
     quotas = [opts.n // len(projects) + (i < opts.n % len(projects)) for i in range(len(projects))]
     tasks: list[tuple[str, dict[str, bytes]]] = []
     for project, environment, quota in zip(projects, environments, quotas, strict=True):
@@ -273,33 +274,6 @@ def generate(opts: Options, progress: Callable[[str], None] = lambda s: None) ->
                           "or choose another --out")
         written.append(write_task(opts.out, name, files, opts.force))
     return written
-
-
-ENVIRONMENTS = "environments.jsonl"
-
-
-def _check_images(projects: list[Project], environments: list[Environment | None], opts: Options) -> None:
-    """Every source's image is in --image-cache before any validation; else OUT/.mutations/environments.jsonl
-    holds their builds, and the error is the command that makes them."""
-    cache = ImageCache(opts.image_cache) if opts.image_cache else None
-    missing = []
-    for project, environment in zip(projects, environments, strict=True):
-        if environment is None:
-            continue
-        try:
-            resolve_image(environment.image, "bwrap", cache)
-        except SandboxError:
-            missing.append((project, environment))
-    if not missing:
-        return
-    path = opts.out / WORK / ENVIRONMENTS
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, b"".join(json.dumps(e.record(p), sort_keys=True).encode() + b"\n" for p, e in missing))
-    names = ", ".join(f"{p.name} (with {', '.join(e.requirements)})" for p, e in missing)
-    raise SourceError(f"the image of {names} is not in --image-cache {opts.image_cache} yet: validation runs in the "
-                      f"image the tasks will use. Build it with `agentrl images build {path} --cache "
-                      f"{opts.image_cache}` (and --registries-conf, --slurm... as for any data set), then run this "
-                      "command again")
 
 
 def _same(target: Path, files: dict[str, bytes]) -> bool:

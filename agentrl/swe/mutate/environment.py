@@ -25,12 +25,17 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpc.fsio import write_atomic
+from hpc.images.cache import ImageCache
 from hpc.images.dockerfile import DOCKERFILE, build_key, built_image_name
+from hpc.sandbox.base import SandboxError
 
+from ..sandboxes import resolve_image
 from ..task import encode_payload
 from .project import Project, SourceError
 
 DEFAULT_BASE = "python:3.11-slim"
+ENVIRONMENTS = "environments.jsonl"   # under OUT/.mutations: the builds `agentrl images build` is to make
 WHEELS = "wheels"
 MAX_WHEEL_BYTES = 48 * 2**20         # a task carries its wheels: a dependency bigger than that belongs in a base image
 REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?\s*([<>=!~]=?.*)?$")
@@ -119,3 +124,23 @@ def work_name(project: Project, environment: Environment | None) -> str:
         return f"{project.name}-{project.digest}"
     digest = hashlib.sha256(json.dumps([project.digest, environment.key]).encode()).hexdigest()[:16]
     return f"{project.name}-{digest}"
+
+
+def require_images(environments: list[tuple[Project, Environment]], cache_dir: Path | None, jsonl: Path) -> None:
+    """Every source's image is in the cache before anything is validated; else `jsonl` holds the builds that
+    are missing and the SourceError is the command that makes them."""
+    cache = ImageCache(cache_dir) if cache_dir else None
+    missing = []
+    for project, environment in environments:
+        try:
+            resolve_image(environment.image, "bwrap", cache)
+        except SandboxError:
+            missing.append((project, environment))
+    if not missing:
+        return
+    jsonl.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(jsonl, b"".join(json.dumps(e.record(p), sort_keys=True).encode() + b"\n" for p, e in missing))
+    names = ", ".join(f"{p.name} (with {', '.join(e.requirements)})" for p, e in missing)
+    raise SourceError(f"the image of {names} is not in --image-cache {cache_dir} yet: validation runs in the image "
+                      f"the tasks will use. Build it with `agentrl images build {jsonl} --cache {cache_dir}` (and "
+                      "--registries-conf, --slurm... as for any data set), then run this command again")

@@ -50,7 +50,7 @@ class Environment:
     def dockerfile(self) -> str:
         reqs = " ".join(_quote(r) for r in self.requirements)
         # PIP_BREAK_SYSTEM_PACKAGES: a base whose Python a distribution manages (PEP 668) refuses a plain
-        # install; older pips ignore the variable. The wheels go once installed: the image holds no index.
+        # install; older pips ignore the variable. pip gets no index: the wheels are all there is.
         return (f"FROM {self.base}\n"
                 f"COPY {WHEELS}/ /tmp/agentrl-wheels/\n"
                 "RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-index --no-cache-dir "

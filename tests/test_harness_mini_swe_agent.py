@@ -3,10 +3,12 @@ and its summary line, the install into a tools directory, and real mini-swe-agen
 the adapter with a scripted model: one exact sample per session, a format error as two samples that train
 every sampled token once, and a session in a bubblewrap sandbox on the bundled Python."""
 
+import http.server
 import json
 import os
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -30,8 +32,9 @@ def make_run(**kw) -> HarnessRun:
     return HarnessRun(**{**base, **kw})
 
 
-@pytest.mark.parametrize("fmt, builtin, model_class", [("toolcall", "mini.yaml", "litellm"),
-                                                       ("text", "mini_textbased.yaml", "litellm_textbased")])
+@pytest.mark.parametrize("fmt, builtin, model_class", [
+    ("toolcall", "mini.yaml", "agentrl_mini_model.AdapterModel"),
+    ("text", "mini_textbased.yaml", "agentrl_mini_model.AdapterTextbasedModel")])
 def test_the_command_layers_our_config_over_mini_own(fmt, builtin, model_class):
     cmd = get_harness(HARNESS[fmt]).command(make_run(max_new_tokens=1234))
     root = "/opt/agentrl/tools/mini-swe-agent"
@@ -40,13 +43,13 @@ def test_the_command_layers_our_config_over_mini_own(fmt, builtin, model_class):
                              "-c", builtin, "-c", ours]
     assert cmd.argv[-2] == "--" and PROBLEM_FILE in cmd.argv[-1]
     assert cmd.env["OPENAI_API_KEY"] == "sess-key" and cmd.env["LD_LIBRARY_PATH"] == f"{root}/python/lib"
-    assert cmd.env["MSWEA_CONFIGURED"] == "1" and cmd.env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
+    assert cmd.env["MSWEA_CONFIGURED"] == "1"
     config = json.loads(cmd.files[ours])
     assert config["agent"] == {"mode": "yolo", "confirm_exit": False, "cost_limit": 0}
-    assert config["model"]["model_class"] == model_class and config["model"]["model_name"] == "openai/agentrl-tiny"
+    assert config["model"]["model_class"] == model_class and config["model"]["model_name"] == "agentrl-tiny"
     assert config["model"]["cost_tracking"] == "ignore_errors"
-    assert config["model"]["model_kwargs"]["api_base"] == "http://127.0.0.1:8000/v1"
-    assert config["model"]["model_kwargs"]["max_tokens"] == 1234
+    assert config["model"]["api_url"] == "http://127.0.0.1:8000/v1/chat/completions"
+    assert config["model"]["model_kwargs"] == {"max_tokens": 1234}
     assert config["environment"]["environment_class"] == "local"
     assert any("no compaction trigger" in w for w in cmd.warnings)
 
@@ -111,12 +114,66 @@ def test_install_is_idempotent_and_relocatable(tools_dir):
     inode = (tools_dir / "mini-swe-agent").stat().st_ino
     install_mini(tools_dir)
     assert (tools_dir / "mini-swe-agent").stat().st_ino == inode       # already right: nothing is redone
+    model = tools_dir / "mini-swe-agent/site/agentrl_mini_model.py"
+    ours = model.read_bytes()
+    model.write_bytes(b"# an older checkout's\n")
+    assert not mini_ready(tools_dir / "mini-swe-agent")
+    install_mini(tools_dir)        # our own files are rewritten, mini is not built again
+    assert model.read_bytes() == ours and (tools_dir / "mini-swe-agent").stat().st_ino == inode
     moved = tools_dir / "elsewhere"
     (tools_dir / "mini-swe-agent").rename(moved)
     try:
         assert mini_ready(moved)       # no absolute path inside: it runs wherever it is mounted
     finally:
         moved.rename(tools_dir / "mini-swe-agent")
+
+
+class Refusing(http.server.BaseHTTPRequestHandler):
+    """A model server that answers every call with the class's status."""
+    status = 400
+    calls: list[tuple[str, dict, dict]] = []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        type(self).calls.append((self.path, dict(self.headers), body))
+        self.send_response(self.status)
+        self.send_header("content-type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'{"error": {"message": "refused", "type": "invalid_request_error"}}')
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("status, calls, error", [(400, 1, "AdapterRequestError"), (413, 1, "AdapterRequestError"),
+                                                  (503, 2, "OpenRouterAPIError"), (429, 2, "OpenRouterAPIError")])
+def test_a_refused_request_ends_the_run_and_an_overloaded_server_is_retried(status, calls, error, tools_dir,
+                                                                            tmp_path):
+    """The model classes (agentrl_mini_model.py): a client error cannot succeed on retry and ends the run at
+    once; an overload or a server error goes through mini's own retries (2 tries here, one 4 s wait)."""
+    handler = type("Handler", (Refusing,), {"status": status, "calls": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        run = HarnessRun(task_text=TASK, prompt_style="instruction", workdir=str(tmp_path),
+                         base_url=f"http://127.0.0.1:{server.server_port}", api_key="sess-key", model="agentrl-tiny",
+                         max_new_tokens=77, max_context=131072, home=str(tmp_path / "home"), tools_dir=str(tools_dir))
+        cmd = get_harness("mini_swe_agent_text").command(run)
+        for path, data in cmd.files.items():
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_bytes(data)
+        env = {"PATH": os.environ["PATH"], "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "2", **cmd.env}
+        proc = subprocess.run(cmd.argv, cwd=tmp_path, env=env, capture_output=True, timeout=120,
+                              stdin=subprocess.DEVNULL)
+    finally:
+        server.shutdown()
+    assert proc.returncode == 1 and f"mini-swe-agent failed: {error}: HTTP {status}" in proc.stderr.decode()
+    assert len(handler.calls) == calls
+    path, headers, body = handler.calls[0]
+    assert path == "/v1/chat/completions" and headers["Authorization"] == "Bearer sess-key"
+    assert body["model"] == "agentrl-tiny" and body["max_tokens"] == 77 and "tools" not in body
+    assert body["messages"][0]["role"] == "system"
 
 
 def action(fmt: str, command: str) -> dict:

@@ -212,7 +212,7 @@ def install_file(source: Path, dest: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     """`make clis` (tools/install_agent_clis.sh): the pinned CLIs into DIR (an npm prefix) and mini-swe-agent
     into DIR/mini-swe-agent, then the paths of the programs."""
-    from .mini_swe_agent import LAUNCHER, PYTHON, build, mini_ready
+    from .mini_swe_agent import LAUNCHER, PYTHON, build, mini_ready, refresh_mini
 
     p = argparse.ArgumentParser(prog="install_agent_clis.sh", description=main.__doc__)
     p.add_argument("dir", metavar="DIR", type=Path, help="the install's own directory (an npm prefix)")
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not clis_ready(dest):
             place_atomically(dest, npm_keeping_mini, clis_ready)
-        if not mini_ready(mini):
+        if not refresh_mini(mini):
             place_atomically(mini, lambda tmp: build(tmp, mini), mini_ready)
     except HarnessInstallError as e:
         print(f"install_agent_clis: {e}", file=sys.stderr)

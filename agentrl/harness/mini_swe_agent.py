@@ -1,4 +1,4 @@
-"""mini-swe-agent (OpenAI chat API through litellm), its `mini` command run unattended (docs/harnesses.md).
+"""mini-swe-agent (OpenAI chat API), its `mini` command run unattended (docs/harnesses.md).
 
 Two harnesses, one per output format of mini-swe-agent 2: `mini_swe_agent` (its default mini.yaml:
 one `bash` tool, tool calls) and `mini_swe_agent_text` (mini_textbased.yaml: one ```mswea_bash_command
@@ -14,6 +14,8 @@ Python is neither used nor touched:
                                      relocatable: it finds its stdlib from where the binary is
     TOOLS/mini-swe-agent/site/       mini-swe-agent and its requirements (pip --target), pinned
     TOOLS/mini-swe-agent/agentrl_mini.py   the launcher (mini_swe_agent_run.py)
+    TOOLS/mini-swe-agent/site/agentrl_mini_model.py   its model classes pointed at the adapter, not litellm
+                                     (mini_swe_agent_model.py)
 
 No path inside is absolute, so the tree works wherever it is mounted (/opt/agentrl/tools in a sandbox).
 """
@@ -49,26 +51,22 @@ DIR = MINI_DIR                             # under the tools directory
 CHECKOUT_MINI = CHECKOUT_CLIS / DIR        # what `make clis` builds in a source checkout
 LAUNCHER_SOURCE = Path(__file__).with_name("mini_swe_agent_run.py")
 LAUNCHER = "agentrl_mini.py"
+MODEL_SOURCE = Path(__file__).with_name("mini_swe_agent_model.py")
+MODEL = "site/agentrl_mini_model.py"
 PYTHON = "python/bin/python3"
 LIBS = "python/lib"
-# mini-swe-agent 2.4.6's requirements, less the two its `mini` command never imports: datasets (SWE-bench
-# batch runs; 330 MB with pyarrow and pandas) and textual (the trajectory inspector).
-REQUIREMENTS = ("pyyaml", "requests", "jinja2", "pydantic>=2.0", "litellm!=1.82.7,!=1.82.8,>=1.75.5", "tenacity",
-                "rich", "python-dotenv", "typer", "platformdirs", "prompt_toolkit", "openai!=1.100.0,!=1.100.1")
-# Their closure as pip resolved it on 2026-12-02 (CPython 3.11): the constraints every install uses.
+# mini-swe-agent 2.4.6's requirements, less those its `mini` command never imports with our model classes:
+# litellm and openai (its default model layer; 230 MB, and 2.6 s of CPU to import at every start), datasets
+# (SWE-bench batch runs; 330 MB with pyarrow and pandas) and textual (the trajectory inspector).
+REQUIREMENTS = ("pyyaml", "requests", "jinja2", "pydantic>=2.0", "tenacity", "rich", "python-dotenv", "typer",
+                "platformdirs", "prompt_toolkit")
+# Their closure as pip resolved it on 2026-12-05 (CPython 3.11): the constraints every install uses.
 PINS = """
-aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 annotated-doc==0.0.7 annotated-types==0.8.0 anyio==4.16.0
-attrs==26.1.0 boto3==1.44.8 botocore==1.44.8 certifi==2026.10.19.post1 charset-normalizer==3.5.3 click==8.5.1
-fastuuid==0.14.0 filelock==4.3.1 frozenlist==1.8.0 fsspec==2026.9.0 h11==0.16.0 h2==4.4.1 hf-xet==1.8.0 hpack==4.2.0
-httpcore==1.0.9 httpcore2==2.16.2 httpx==0.28.1 httpx2==2.16.2 huggingface_hub==2.4.0 hyperframe==6.1.0 idna==3.20
-importlib_metadata==8.9.0 Jinja2==3.1.6 jiter==0.19.0 jmespath==1.1.0 jsonschema==4.26.0
-jsonschema-specifications==2025.9.1 litellm==1.110.2 markdown-it-py==4.3.0 MarkupSafe==3.0.4 mdurl==0.1.2
-multidict==7.2.1 openai==3.57.0 packaging==26.4 platformdirs==4.14.9 prompt_toolkit==3.0.53 propcache==0.5.4
-pydantic==2.14.4 pydantic_core==2.50.5 pydantic-settings==2.16.3 Pygments==2.21.0 python-dateutil==2.9.0.post0
-python-dotenv==1.2.4 PyYAML==6.0.4 referencing==0.37.0 regex==2026.11.19 requests==2.34.2 rich==15.0.0
-rpds-py==2026.9.1 s3transfer==0.19.3 shellingham==1.5.4 six==1.17.0 sniffio==1.3.1 tenacity==9.2.1 tiktoken==0.14.0
-tokenizers==0.23.3 tqdm==4.70.1 truststore==0.10.5 typer==0.29.2 typing_extensions==4.16.0 typing-inspection==0.4.5
-urllib3==2.8.0 wcwidth==0.9.4 yarl==1.25.1 zipp==4.1.2
+annotated-doc==0.0.7 annotated-types==0.8.0 certifi==2026.10.19.post1 charset-normalizer==3.5.3 idna==3.20
+Jinja2==3.1.6 markdown-it-py==4.3.0 MarkupSafe==3.0.4 mdurl==0.1.2 platformdirs==4.14.9 prompt_toolkit==3.0.53
+pydantic==2.14.4 pydantic_core==2.50.5 Pygments==2.21.0 python-dotenv==1.2.4 PyYAML==6.0.4 requests==2.34.2
+rich==15.0.0 shellingham==1.5.4 tenacity==9.2.1 typer==0.29.2 typing_extensions==4.16.0 typing-inspection==0.4.5
+urllib3==2.8.0 wcwidth==0.9.4
 """.split()
 # Shared libraries of glibc itself: never copied (they must match the image's loader).
 GLIBC = ("linux-vdso", "linux-gate", "ld-linux", "libc.so", "libm.so", "libmvec.so", "libpthread.so", "libdl.so",
@@ -77,14 +75,14 @@ GLIBC = ("linux-vdso", "linux-gate", "ld-linux", "libc.so", "libm.so", "libmvec.
 STDLIB_SKIP = ("site-packages", "dist-packages", "test", "idlelib", "tkinter", "turtledemo", "ensurepip",
                "_tkinter.*", "_test*.so", "xxlimited*.so")
 SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-# litellm's read timeout for a non-streamed call (its default is 600 s, and mini retries a timed-out call:
-# the same turn generated again). The sandbox's time limit is the real bound.
+# The read timeout of a model call (mini's own is 60 s, and mini retries a timed-out call: the same turn
+# generated again). The sandbox's time limit is the real bound.
 REQUEST_TIMEOUT_S = 3600
 
 Format = Literal["toolcall", "text"]
-CONFIGS: dict[str, tuple[str, str]] = {   # format -> (mini's builtin config, its model class)
-    "toolcall": ("mini.yaml", "litellm"),
-    "text": ("mini_textbased.yaml", "litellm_textbased"),
+CONFIGS: dict[str, tuple[str, str]] = {   # format -> (mini's builtin config, the model class)
+    "toolcall": ("mini.yaml", "agentrl_mini_model.AdapterModel"),
+    "text": ("mini_textbased.yaml", "agentrl_mini_model.AdapterTextbasedModel"),
 }
 
 
@@ -97,7 +95,11 @@ def launch_env(root: Path | str) -> dict[str, str]:
 
 
 def mini_ready(root: Path) -> bool:
-    """The bundled Python runs the launcher and mini-swe-agent and litellm import, at the pinned version."""
+    """The bundled Python runs the launcher, and mini-swe-agent and the model classes import, at the pinned
+    version; the launcher and the model classes are this checkout's."""
+    if not all((root / name).is_file() and (root / name).read_bytes() == source.read_bytes()
+               for source, name in ((LAUNCHER_SOURCE, LAUNCHER), (MODEL_SOURCE, MODEL))):
+        return False
     try:
         with tempfile.TemporaryDirectory() as scratch:   # importing minisweagent creates its config dir
             r = _run([str(root / PYTHON), "-I", "-S", str(root / LAUNCHER), "--version"],
@@ -171,18 +173,31 @@ def pip_install(site: Path, dest: Path) -> None:
 def build(tmp: Path, dest: Path) -> None:
     portable_python(tmp / "python")
     pip_install(tmp / "site", dest)
-    install_file(LAUNCHER_SOURCE, tmp / LAUNCHER)
+    install_own_files(tmp)
+
+
+def install_own_files(root: Path) -> None:
+    install_file(LAUNCHER_SOURCE, root / LAUNCHER)
+    install_file(MODEL_SOURCE, root / MODEL)
+
+
+def refresh_mini(root: Path) -> bool:
+    """A built install whose launcher or model classes are an older checkout's gets this one's (each file
+    renamed in); then whether it is ready. Cheaper than building again for a change of our own files."""
+    if (root / PYTHON).is_file() and (root / "site").is_dir():
+        install_own_files(root)
+    return mini_ready(root)
 
 
 def install_mini(tools_dir: Path) -> Path:
     """TOOLS/mini-swe-agent: a copy of the checkout's `make clis` build when that one works (reflinked where
     the filesystem can), else a fresh one. Idempotent; built beside its place and renamed in."""
     dest = tools_dir / DIR
-    if mini_ready(dest):
+    if refresh_mini(dest):
         return dest
 
     def make(tmp: Path) -> None:
-        if tmp.parent.resolve() != CHECKOUT_MINI.parent.resolve() and mini_ready(CHECKOUT_MINI):
+        if tmp.parent.resolve() != CHECKOUT_MINI.parent.resolve() and refresh_mini(CHECKOUT_MINI):
             r = _run(["cp", "-a", "--reflink=auto", f"{CHECKOUT_MINI}/.", str(tmp)], timeout=1800)
             if r.returncode == 0:
                 return
@@ -203,11 +218,12 @@ def config(run: HarnessRun, fmt: Format) -> dict[str, Any]:
         },
         "model": {
             "model_class": CONFIGS[fmt][1],
-            "model_name": f"openai/{run.model}",    # litellm's OpenAI-compatible provider; sends `run.model`
-            # An unknown model has no price: by default the first call's cost lookup stops the run.
+            "model_name": run.model,
+            # Our model has no price: by default the first call's missing cost stops the run.
             "cost_tracking": "ignore_errors",
-            "model_kwargs": {"api_base": f"{run.base_url}/v1", "max_tokens": run.max_new_tokens,
-                             "timeout": REQUEST_TIMEOUT_S},
+            "api_url": f"{run.base_url}/v1/chat/completions",
+            "request_timeout": REQUEST_TIMEOUT_S,
+            "model_kwargs": {"max_tokens": run.max_new_tokens},   # sent in the request's body
         },
         "environment": {"environment_class": "local"},   # commands run here, inside the sandbox
     }
@@ -235,10 +251,9 @@ class MiniSweAgent:
         env = {
             "HOME": run.home,
             **launch_env(root),              # the bundled libraries; the launcher takes them out again
-            "OPENAI_API_KEY": run.api_key,   # litellm's OpenAI provider sends it as Authorization: Bearer
+            "OPENAI_API_KEY": run.api_key,   # the model class sends it as Authorization: Bearer
             "MSWEA_CONFIGURED": "1",         # else the first run asks for a default model and key on stdin
             "MSWEA_SILENT_STARTUP": "1",     # no banner
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True",   # the bundled price list, not a download at import
         }
         argv, env = with_overrides(argv, env, run)
         argv += ["--", prompt]

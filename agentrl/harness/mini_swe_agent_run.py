@@ -62,9 +62,9 @@ def main(argv: list[str]) -> int:
     restore_library_path()
     site.addsitedir(SITE)
     if argv == ["--version"]:
-        os.environ.update(MSWEA_SILENT_STARTUP="1", LITELLM_LOCAL_MODEL_COST_MAP="True")
-        # From SITE, not agentrl's environment; litellm: the model layer must import too.
-        import litellm  # type: ignore[import-not-found]  # noqa: F401
+        os.environ.update(MSWEA_SILENT_STARTUP="1")
+        # From SITE, not agentrl's environment; the model classes: the model layer must import too.
+        import agentrl_mini_model  # type: ignore[import-not-found]  # noqa: F401
         import minisweagent  # type: ignore[import-not-found]
         print(f"mini-swe-agent {minisweagent.__version__}")
         return 0

@@ -136,10 +136,15 @@ def test_grade_py_reads_each_tests_outcome_from_the_verbose_log():
 
 
 def _grade_run(tmp_path, command: str, expected: dict) -> tuple[int, str, str]:
+    """grade.py run with an interpreter that is `command` (whatever the runner's arguments): its log is the
+    command's output."""
     (tmp_path / "expected.json").write_text(json.dumps(expected))
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$*\" > {tmp_path / 'argv'}\n{command}\n")
+    python.chmod(0o755)
     r = subprocess.run([HOST_PYTHON, "-I", str(TASK_DIRS[0] / "tests/grade.py"), "run",
                         "--expected", str(tmp_path / "expected.json"), "--log", str(tmp_path / "tests.log"),
-                        "--reward", str(tmp_path / "reward.txt"), "--", "sh", "-c", command],
+                        "--reward", str(tmp_path / "reward.txt"), "--", str(python)],
                        capture_output=True, text=True, timeout=60, cwd=tmp_path)
     return r.returncode, (tmp_path / "reward.txt").read_text().strip(), r.stdout
 
@@ -157,6 +162,58 @@ def test_grade_py_reward_is_the_named_tests_results_not_the_exit_code(tmp_path, 
     rc, reward, out = _grade_run(tmp_path, command, {"FAIL_TO_PASS": ["m.T.test_a"], "PASS_TO_PASS": ["m.T.test_b"]})
     assert reward == want, out
     assert rc == (0 if want == "1" else 1)
+
+
+PYTEST_LOG = """\
+tests/test_x.py::test_a PASSED
+noise from a test: PASSED tests/test_x.py::test_b
+=================================== FAILURES ===================================
+___________________________________ test_b ____________________________________
+Traceback (most recent call last):
+  File "/testbed/tests/test_x.py", line 9, in test_b
+    assert f(2) == 3
+AssertionError: assert 4 == 3
+=========================== short test summary info ============================
+PASSED tests/test_x.py::test_a
+PASSED tests/test_x.py::TestC::test_m[1-2]
+XFAIL tests/test_x.py::test_x - reason
+FAILED tests/test_x.py::test_b - AssertionError: assert 4 == 3
+ERROR tests/test_x.py::test_a - RuntimeError: in its teardown
+========================= 1 failed, 2 passed, 1 xfailed, 1 error in 0.12s =========================
+"""
+
+
+def test_grade_py_reads_pytests_summary_by_node_id_and_keeps_the_worst_outcome():
+    g = grade_module()
+    status, complete = g.parse(PYTEST_LOG, "pytest")
+    assert complete and status == {"tests/test_x.py::test_a": "ERROR", "tests/test_x.py::TestC::test_m[1-2]": "ok",
+                                   "tests/test_x.py::test_x": "expected failure", "tests/test_x.py::test_b": "FAIL"}
+    # a collection error interrupts the run; a run that never printed its summary's end is incomplete
+    interrupted = PYTEST_LOG.replace("=========================== short",
+                                     "!!!!!!!! Interrupted: 1 error during collection !!!!!!!!\n====== short")
+    assert g.parse(interrupted, "pytest")[1] is False
+    assert g.parse(PYTEST_LOG.rstrip("\n").rsplit("\n", 1)[0], "pytest")[1] is False   # its last line gone
+    # a line outside the summary (a test's own output) says nothing
+    assert "tests/test_x.py::test_b" not in g.parse(PYTEST_LOG.split("=== FAILURES")[0] + "====== x in 1.0s ======\n",
+                                                    "pytest")[0]
+
+
+@pytest.mark.parametrize("runner, want", [("unittest", "-m unittest discover -v -b -s tests -t ."),
+                                          ("pytest", "-m pytest -rA --tb=native -p no:cacheprovider -c /dev/null")])
+def test_grade_py_runs_the_suite_with_the_runner_expected_json_names(tmp_path, runner, want):
+    if not Path(HOST_PYTHON).exists():
+        pytest.skip("needs the host's python3")
+    expected = {"FAIL_TO_PASS": ["tests/test_x.py::test_a"], "PASS_TO_PASS": [],
+                **({"runner": runner} if runner == "pytest" else {})}
+    log = ("=== short test summary info ===\nPASSED tests/test_x.py::test_a\n=== 1 passed in 0.1s ===" if runner ==
+           "pytest" else "test_a (tests.test_x.test_a) ... ok\nRan 1 test in 0.1s\n\nOK")
+    if runner == "unittest":
+        expected["FAIL_TO_PASS"] = ["tests.test_x.test_a"]
+    rc, reward, out = _grade_run(tmp_path, f"printf '{log}\\n'", expected)
+    assert (rc, reward) == (0, "1"), out
+    assert want in (tmp_path / "argv").read_text()
+    rc, reward, _ = _grade_run(tmp_path, "true", {**expected, "runner": "nose"})
+    assert (rc, reward) == (2, "0")
 
 
 def test_grade_py_refuses_an_expected_list_without_fail_to_pass(tmp_path):

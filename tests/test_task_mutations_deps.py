@@ -117,6 +117,17 @@ def tinycheck_wheel(tmp: Path) -> Path:
     return links
 
 
+@pytest.fixture(scope="module")
+def mirror(registry, tmp_path_factory):
+    """The site's mirror of Docker Hub's python image (the default --base-image): the host's programs with
+    Debian's pip, pushed to the loopback registry; the registries.conf that sends docker.io's python there."""
+    base = tmp_path_factory.mktemp("base")
+    build_host_rootfs(base / "rootfs")
+    shutil.copytree(DEBIAN_PIP, base / "rootfs/usr/lib/python3/dist-packages/pip")
+    push_rootfs(base / "rootfs", base / "layout", f"{registry}/library/python:3.11-slim")
+    return registries_conf(base / "registries.conf", "docker.io/library/python", f"{registry}/library/python")
+
+
 def agentrl(*args, timeout=600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "agentrl.cli", *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
@@ -150,7 +161,7 @@ def test_with_before_any_source_and_a_base_without_with_are_refused(tmp_path):
 @pytest.mark.slow
 @pytest.mark.integration
 @needs_tools
-def test_tasks_of_a_project_with_a_test_dependency_share_one_image_and_grade_in_it(registry, tmp_path):
+def test_tasks_of_a_project_with_a_test_dependency_share_one_image_and_grade_in_it(mirror, tmp_path):
     project = write(tmp_path / "tally", TALLY)
     links = tinycheck_wheel(tmp_path)
     out, cache = tmp_path / "tasks", tmp_path / "cache"
@@ -170,13 +181,7 @@ def test_tasks_of_a_project_with_a_test_dependency_share_one_image_and_grade_in_
         first.stderr
     assert len(list((out / ".mutations").glob("tally-*/clean.json"))) == 1        # the run without it
 
-    # The site's mirror of Docker Hub's python image: the host's programs with pip
-    base = tmp_path / "base"
-    build_host_rootfs(base / "rootfs")
-    shutil.copytree(DEBIAN_PIP, base / "rootfs/usr/lib/python3/dist-packages/pip")
-    push_rootfs(base / "rootfs", base / "layout", f"{registry}/library/python:3.11-slim")
-    conf = registries_conf(base / "registries.conf", "docker.io/library/python", f"{registry}/library/python")
-    storage = ("--registries-conf", conf, "--storage-root", tmp_path / "buildah", "--storage-driver", "vfs")
+    storage = ("--registries-conf", mirror, "--storage-root", tmp_path / "buildah", "--storage-driver", "vfs")
     built = agentrl("images", "build", environments, "--cache", cache, *storage)
     assert built.returncode == 0 and "1 built, 0 cached, 0 failed" in built.stderr, built.stderr[-3000:]
 
@@ -212,3 +217,91 @@ def test_tasks_of_a_project_with_a_test_dependency_share_one_image_and_grade_in_
     assert hacks.returncode == 0, hacks.stdout[-2000:] + hacks.stderr[-2000:]
     runs = json.loads(hacks.stdout.strip().splitlines()[-1])["hacks"]
     assert len(runs) >= 20 and all(r["reward"] == 0 and not r["problem"] for r in runs), runs   # each hack, both modes
+
+
+NUMFMT = {
+    "numfmt/__init__.py": '''"""Numbers as text."""
+
+
+def pad(s, width, fill=" "):
+    if len(s) >= width:
+        return s
+    return fill * (width - len(s)) + s
+
+
+def thousands(n):
+    s = str(abs(n))
+    groups = []
+    while len(s) > 3:
+        groups.insert(0, s[-3:])
+        s = s[:-3]
+    groups.insert(0, s)
+    return ("-" if n < 0 else "") + ",".join(groups)
+''',
+    "tests/conftest.py": '''import pytest
+
+
+@pytest.fixture
+def zero():
+    return "0"
+''',
+    "tests/test_numfmt.py": '''import pytest
+
+from numfmt import pad, thousands
+
+
+def test_pad():
+    assert pad("7", 3) == "  7"
+
+
+def test_pad_wide():
+    assert pad("1234", 3) == "1234"
+
+
+def test_pad_fill(zero):           # a fixture of the suite's conftest.py
+    assert pad("7", 3, zero) == "007"
+
+
+@pytest.mark.parametrize("n, want", [(1, "1"), (999, "999"), (1234, "1,234"), (-1234567, "-1,234,567")])
+def test_thousands(n, want):
+    assert thousands(n) == want
+''',
+}
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@needs_tools
+def test_a_pytest_suite_with_pytest_from_the_index_validates_and_grades_by_node_id(mirror, tmp_path):
+    """Plain test functions, a conftest.py fixture and parametrized tests: `--with pytest` runs them with pytest
+    (the version this environment has, its wheels from the index), in validation and in grading alike; a
+    pytest plugin the agent names in the repository's configuration or conftest.py earns nothing."""
+    project = write(tmp_path / "numfmt", NUMFMT)
+    out, cache = tmp_path / "tasks", tmp_path / "cache"
+    args = ("tasks", "generate", "mutations", "--source", project, "--with", f"pytest=={pytest.__version__}",
+            "--image-cache", cache, "--n", "2", "--seed", "0", "--split", "train", "--out", out)
+    first = agentrl(*args)
+    assert first.returncode == 1 and "agentrl images build" in first.stderr, first.stderr[-2000:]
+    storage = ("--registries-conf", mirror, "--storage-root", tmp_path / "buildah", "--storage-driver", "vfs")
+    built = agentrl("images", "build", out / ".mutations" / "environments.jsonl", "--cache", cache, *storage)
+    assert built.returncode == 0 and "1 built" in built.stderr, built.stderr[-3000:]
+    made = agentrl(*args)
+    assert made.returncode == 0, made.stderr[-3000:]
+    tasks = sorted(p for p in out.iterdir() if not p.name.startswith("."))
+    assert len(tasks) == 2
+    for t in tasks:
+        expected = json.loads((t / "tests" / "expected.json").read_text())
+        assert expected["runner"] == "pytest"
+        named = expected["FAIL_TO_PASS"] + expected["PASS_TO_PASS"]
+        assert all(n.startswith("tests/test_numfmt.py::test_") for n in named)
+        assert "tests/test_numfmt.py::test_thousands[1234-1,234]" in named
+        instruction = (t / "instruction.md").read_text()
+        assert f"`python3 -m pytest {expected['FAIL_TO_PASS'][0]}` says:" in instruction
+        assert "Traceback" in instruction and "numfmt/__init__.py" not in instruction, instruction
+
+    check = agentrl("tasks", "check", out, "--runtime", "bwrap", "--image-cache", cache, "--hacks", "--json")
+    report = json.loads(check.stdout.strip().splitlines()[-1])
+    assert check.returncode == 0, (report, check.stderr[-2000:])
+    assert [(r["oracle_reward"], r["noop_reward"]) for r in report["tasks"]] == [(1.0, 0.0)] * 2
+    assert {r["hack"] for r in report["hacks"]} >= {"pytest-forced-pass", "tests-forced-pass", "tests-uncollected"}
+    assert all(r["reward"] == 0 and not r["problem"] for r in report["hacks"]), report["hacks"]

@@ -44,7 +44,6 @@ VERIFIER = ("test.sh", "grade.py")
 EOF_MARK = "AGENTRL_EOF"
 REPO = "environment/repo/"
 HOST_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else "python3"   # a host sandbox's python3
-UNITTEST = ["-I", "-B", "-m", "unittest", "discover", "-v", "-b", "-s", "tests", "-t", "."]   # as test.sh runs it
 
 
 class Refused(ValueError):
@@ -63,6 +62,11 @@ def shipped_grader() -> dict:
     namespace: dict = {"__name__": "agentrl_task_grade"}
     exec(compile(verifier_files()["grade.py"], "grade.py", "exec"), namespace)
     return namespace
+
+
+def suite_command(python: str, runner: str = "unittest") -> list[str]:
+    """The suite's command line, as the grader runs it (grade.py's RUNNERS): unittest's, or pytest's."""
+    return [python, *shipped_grader()["RUNNERS"][runner]]
 
 
 def split_of(key: str) -> str:
@@ -139,13 +143,14 @@ def solve_sh(fixed: dict[str, bytes]) -> bytes:
 
 
 def layout(name: str, draft: Draft, family: str, split: str, seed: int,
-           solve: bytes | None = None, suite: bool = False, environment: dict[str, bytes] | None = None
-           ) -> dict[str, bytes]:
+           solve: bytes | None = None, suite: bool = False, environment: dict[str, bytes] | None = None,
+           runner: str = "unittest") -> dict[str, bytes]:
     """Every file of the task directory, relative path -> bytes, laid out as the bundled tasks are; `solve`
     replaces the solve.sh that writes the fixed files whole (the mutations family's is a patch). With
     `suite`, the verifier carries the repository's whole tests/ tree as tests/suite/ (test.sh puts it in
     place of the repository's), not only its tests/test_*.py: a real project's tests have helpers and data.
-    `environment` is a build context for environment/ (a Dockerfile among it): the task's image."""
+    `environment` is a build context for environment/ (a Dockerfile among it): the task's image. `runner`
+    is how the grader runs the suite (grade.py's RUNNERS): expected.json names it when it is not unittest."""
     if suite:
         repo_tests = {"suite/" + rel.split("/", 1)[1]: data for rel, data in draft.repo.items()
                       if rel.startswith("tests/")}
@@ -156,7 +161,8 @@ def layout(name: str, draft: Draft, family: str, split: str, seed: int,
     if clash or not draft.fail_to_pass:
         raise GenerationError(f"{name}: " + (f"hidden test files {clash} clash with the verifier's" if clash
                                              else "FAIL_TO_PASS names no test"))
-    expected = {"FAIL_TO_PASS": sorted(draft.fail_to_pass), "PASS_TO_PASS": sorted(draft.pass_to_pass)}
+    expected = {"FAIL_TO_PASS": sorted(draft.fail_to_pass), "PASS_TO_PASS": sorted(draft.pass_to_pass),
+                **({"runner": runner} if runner != "unittest" else {})}
     files = {"instruction.md": draft.instruction.encode(),
              "task.toml": task_toml(name, draft, family, split, seed, built=environment is not None).encode(),
              **{f"environment/{rel}": data for rel, data in (environment or {}).items()},
@@ -184,7 +190,7 @@ def _write_files(root: Path, files: dict[str, bytes]) -> None:
 
 
 def _run_tests(repo: Path, python: str) -> tuple[dict[str, str], bool, str]:
-    r = subprocess.run([python, *UNITTEST], cwd=repo, capture_output=True, text=True, timeout=120,
+    r = subprocess.run(suite_command(python), cwd=repo, capture_output=True, text=True, timeout=120,
                        stdin=subprocess.DEVNULL,
                        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(repo), "LC_ALL": "C.UTF-8"})
     status, complete = shipped_grader()["parse"](r.stdout + r.stderr)

@@ -99,6 +99,23 @@ def load_tests(loader, standard_tests, pattern):
 
 collect_ignore_glob = ["*"]"""
 
+# pytest reads a configuration and conftest.py files from the repository: a plugin named there makes every
+# test pass (each collected test's body replaced), in every place pytest could look.
+_PYTEST_PLUGIN = """\
+def pytest_collection_modifyitems(items):
+    for item in items:
+        item.runtest = lambda: None"""
+_PYTEST_FORCED = r"""
+printf '%s\n' "$PLUGIN" > _hack_pytest_plugin.py
+printf '%s\n' "$PLUGIN" > conftest.py
+test_dirs | while IFS= read -r d; do printf '%s\n' "$PLUGIN" > "$d/conftest.py"; done
+opts='addopts = -p _hack_pytest_plugin'
+printf '[pytest]\n%s\npythonpath = .\n' "$opts" > pytest.ini
+printf '\n[tool:pytest]\n%s\npythonpath = .\n' "$opts" >> setup.cfg
+printf '\n[pytest]\n%s\npythonpath = .\n' "$opts" >> tox.ini
+printf '\n[tool.pytest.ini_options]\naddopts = "-p _hack_pytest_plugin"\npythonpath = ["."]\n' >> pyproject.toml
+"""
+
 # As root at grading time: the reward file says 1, then every ancestor process (the shell that would
 # write the real reward, and whatever runs that shell) is killed before it can.
 _REWARD_WRITE = """\
@@ -312,6 +329,9 @@ HACKS: tuple[Hack, ...] = (
          _at_startup(_FORCE_SKIP)),
     Hack("tests-uncollected", "the tests' __init__.py and conftest.py collect nothing (load_tests returns an "
                               "empty suite; collect_ignore_glob)", _at_startup(_UNCOLLECTED)),
+    Hack("pytest-forced-pass", "a pytest plugin that makes every test pass, named by pytest.ini, setup.cfg, tox.ini "
+                               "and pyproject.toml and loaded by conftest.py at the top and in every test directory",
+         _script(f"PLUGIN=$(cat <<'PY'\n{_PYTEST_PLUGIN}\nPY\n)\n" + _PYTEST_FORCED)),
     Hack("tests-deleted", "the repository's test files deleted",
          _script("test_files | while IFS= read -r f; do rm -f \"$f\"; done\n")),
     Hack("tests-emptied", "the repository's test files emptied",

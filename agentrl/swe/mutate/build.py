@@ -180,9 +180,9 @@ def _clean(project: Project, work: Path, opts: Options, spec, environment: Envir
         where = (f"in its image, with {', '.join(environment.requirements)} installed" if environment else
                  "nothing installed")
         raise SourceError(f"{project.name}: no test passes on the clean tree, run as the grader runs it "
-                          f"(python3 -m unittest discover -s tests -t . in the repository, {where}): "
-                          f"{said[-800:]}\nMake the suite pass that way (a third-party dependency of the tests: "
-                          f"--with it after the --source; pytest-style tests: not yet), or choose another source")
+                          f"({' '.join(spec.eval_command)} in the repository, {where}): {said[-800:]}\nMake the "
+                          f"suite pass that way (a third-party dependency of the tests: --with it after the "
+                          f"--source; pytest-style tests: --with pytest), or choose another source")
     return base
 
 
@@ -192,7 +192,8 @@ def validate(mutants: Mutants, quota: int, opts: Options, progress: Callable[[st
     project = mutants.project
     work = opts.out / WORK / work_name(project, environment)
     work.mkdir(parents=True, exist_ok=True)
-    spec = suite_spec(project.name, opts.timeout_s, RESOURCES, environment.image if environment else HOST_IMAGE)
+    spec = suite_spec(project.name, opts.timeout_s, RESOURCES, environment.image if environment else HOST_IMAGE,
+                      environment.runner if environment else "unittest")
     base = _clean(project, work, opts, spec, environment)
     # How far earlier runs got, in batches of whatever size: the first batch reaches that far, so their
     # results are judged, and only the gaps they left run, before anything further down the order
@@ -256,12 +257,13 @@ def generate(opts: Options, progress: Callable[[str], None] = lambda s: None) ->
         if quota:
             mutants = Mutants(project, opts.split, opts.seed)
             for c, v, failures in validate(mutants, quota, opts, progress, environment):
+                runner = environment.runner if environment else "unittest"
                 d = issue.draft(project, c.key, c.path, mutants.mutated(c), c.site.operator, c.site.function,
-                                c.site.line, v.fail_to_pass, v.pass_to_pass, failures, opts.hints)
+                                c.site.line, v.fail_to_pass, v.pass_to_pass, failures, opts.hints, runner)
                 inverse = unified_diff(c.path, mutants.mutated(c), project.files[c.path].decode())
                 name = task_name(FAMILY, opts.split, opts.seed, len(tasks))
                 files = layout(name, d, FAMILY, opts.split, opts.seed, issue.solve_sh(inverse), suite=True,
-                               environment=environment.context() if environment else None)
+                               environment=environment.context() if environment else None, runner=runner)
                 tasks.append((name, files))
     written = []
     for name, files in tasks:

@@ -47,6 +47,12 @@ class Environment:
     base: str
     wheels: dict[str, bytes]          # file name -> bytes, sorted
 
+    @property
+    def runner(self) -> str:
+        """pytest runs the suite when it is one of the requirements (it runs unittest's tests too)."""
+        names = {re.split(r"[\[<>=!~; ]", r, maxsplit=1)[0].lower().replace("_", "-") for r in self.requirements}
+        return "pytest" if "pytest" in names else "unittest"
+
     def dockerfile(self) -> str:
         reqs = " ".join(_quote(r) for r in self.requirements)
         # PIP_BREAK_SYSTEM_PACKAGES: a base whose Python a distribution manages (PEP 668) refuses a plain

@@ -19,7 +19,7 @@ SHOWN_LINES = 30
 
 
 def instruction(project: str, fail_to_pass: tuple[str, ...], failures: dict[str, str],
-                hint: str | None = None) -> str:
+                hint: str | None = None, runner: str = "unittest") -> str:
     shown = [f"- `{t}`" for t in fail_to_pass[:SHOWN_TESTS]]
     if len(fail_to_pass) > SHOWN_TESTS:
         shown.append(f"- and {len(fail_to_pass) - SHOWN_TESTS} more")
@@ -29,7 +29,7 @@ def instruction(project: str, fail_to_pass: tuple[str, ...], failures: dict[str,
         said = said[:SHOWN_LINES // 2] + ["[...]"] + said[-SHOWN_LINES // 2:]
     parts = [f"{'A test' if len(fail_to_pass) == 1 else f'{len(fail_to_pass)} tests'} of {project} "
              f"{'fails' if len(fail_to_pass) == 1 else 'fail'}:", "", *shown, "",
-             f"`python3 -m unittest {first}` says:", "", "```", *(said or ["(no traceback)"]), "```", ""]
+             f"`python3 -m {runner} {first}` says:", "", "```", *(said or ["(no traceback)"]), "```", ""]
     if hint:
         parts += [hint, ""]
     parts.append("The tests say what the code should do: fix the code, not the tests, so that they pass.")
@@ -47,11 +47,11 @@ def solve_sh(inverse: bytes) -> bytes:
 
 def draft(project: Project, key: str, path: str, mutated: str, operator: str, function: str, line: int,
           fail_to_pass: tuple[str, ...], pass_to_pass: tuple[str, ...], failures: dict[str, str],
-          hints: bool) -> Draft:
+          hints: bool, runner: str = "unittest") -> Draft:
     hint = f"The bug is in `{path}`, in `{function}`." if hints else None
     return Draft(
         key=key,
-        instruction=instruction(project.name, fail_to_pass, failures, hint),
+        instruction=instruction(project.name, fail_to_pass, failures, hint, runner),
         repo={**task_repository(project), path: mutated.encode()},
         fixed={path: project.files[path]},
         hidden={},

@@ -2,9 +2,9 @@
 
 What a task can carry is fixed by the grader every task shares (agentrl/swe/verifier/test.sh): it puts
 the task's copy of the repository's tests/ tree in place of the agent's, then runs
-`python3 -I -B -m unittest discover -s tests -t .` in the repository, on the host's Python with no
-install step. So a source qualifies when its tests are unittest-runnable modules under tests/ (helpers
-and data beside them are carried) and its package imports from the repository's root or from src/: a
+`python3 -I -B -m unittest discover -s tests -t .` in the repository (or pytest, for a source given
+--with pytest), with no install step of the project. So a source qualifies when its tests are under
+tests/ (helpers and data beside them are carried) and its package imports from the repository's root or from src/: a
 src/ layout's tests/__init__.py gets SRC_PATH, which puts src/ first on the path, as pytest's
 `pythonpath = src` does. `check_layout` refuses the others, naming the file and what to change. The
 files are kept as bytes, in sorted order, so a project read twice is the same.

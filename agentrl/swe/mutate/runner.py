@@ -24,7 +24,7 @@ from hpc.images.cache import ImageCache
 from hpc.sandbox.base import SandboxError
 
 from .. import episode
-from ..generate import UNITTEST, shipped_grader
+from ..generate import shipped_grader, suite_command
 from ..loaded import materialize
 from ..sandboxes import task_sandbox
 from ..task import HOST_IMAGE, Resources, TaskSpec, Timeouts
@@ -43,11 +43,13 @@ class Job:
     again: Callable[[Run], bool] | None = None
 
 
-def suite_spec(name: str, timeout_s: float, resources: Resources, image: str = HOST_IMAGE) -> TaskSpec:
-    """The sandbox's spec: a task of the project with no bug, as a task's own would be (in its image)."""
+def suite_spec(name: str, timeout_s: float, resources: Resources, image: str = HOST_IMAGE,
+               runner: str = "unittest") -> TaskSpec:
+    """The sandbox's spec: a task of the project with no bug, as a task's own would be (in its image); its
+    eval_command is the suite's, as the grader runs it."""
     return TaskSpec(instance_id=f"validate-{name}", image=image, workdir=WORKDIR, prompt="validation",
-                    eval_command=["python3", *UNITTEST], timeouts=Timeouts(agent_s=timeout_s, eval_s=timeout_s),
-                    resources=resources)
+                    eval_command=suite_command("python3", runner),
+                    timeouts=Timeouts(agent_s=timeout_s, eval_s=timeout_s), resources=resources)
 
 
 def read_result(path: Path) -> list[Run] | None:
@@ -63,10 +65,16 @@ def read_result(path: Path) -> list[Run] | None:
 
 async def _run_suite(sb, spec: TaskSpec, diff: bytes, timeout_s: float) -> Run:
     await episode.restore(sb, spec, diff)
-    r = await sb.exec(["python3", *UNITTEST], user="agent", cwd=spec.workdir, timeout_s=timeout_s)
+    r = await sb.exec(spec.eval_command, user="agent", cwd=spec.workdir, timeout_s=timeout_s)
     log = (r.stdout + r.stderr).decode(errors="replace")
-    status, complete = shipped_grader()["parse"](log)
-    return Run(status, complete and not r.timed_out, r.timed_out, failure_excerpts(log))
+    runner = runner_of(spec)
+    status, complete = shipped_grader()["parse"](log, runner)
+    return Run(status, complete and not r.timed_out, r.timed_out, failure_excerpts(log, runner))
+
+
+def runner_of(spec: TaskSpec) -> str:
+    """Which of the grader's runners the spec's eval_command is (suite_spec made it)."""
+    return next(name for name, args in shipped_grader()["RUNNERS"].items() if spec.eval_command[1:] == args)
 
 
 async def _worker(repo: Path, spec: TaskSpec, jobs: asyncio.Queue, timeout_s: float, scratch: str | None,

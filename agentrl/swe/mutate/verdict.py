@@ -25,6 +25,9 @@ COLLECTION = ("unittest.loader._FailedTest.", "unittest.loader.ModuleImportFailu
 _BLOCK = re.compile(r"^(?:FAIL|ERROR|UNEXPECTED SUCCESS): (\S+) \(([A-Za-z_][\w.]*)\)")
 _FRAME = re.compile(r'^  File "([^"]+)", line \d+, in ')
 _ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{6,}\b")
+_CAPTURED = re.compile(r"^-+ Captured (?:stdout|stderr|log) ")
+_PYTEST_SECTION = re.compile(r"^=+ (.+?) =+$")       # pytest's "==== FAILURES ====", and its summary's
+_PYTEST_TEST = re.compile(r"^_{3,} (.+?) _{3,}$")
 
 
 @dataclass(frozen=True)
@@ -62,12 +65,14 @@ class Verdict:
         return self.reason is None
 
 
-def failure_excerpts(log: str) -> dict[str, str]:
+def failure_excerpts(log: str, runner: str = "unittest") -> dict[str, str]:
     """Each failed test's traceback as a user would paste it into an issue: the frames in the test files
     and the exception, never a frame of the code under test (which would say where the bug is). Memory
     addresses are masked, so the excerpt is the same on every run."""
     from ..generate import shipped_grader
 
+    if runner == "pytest":
+        return _pytest_excerpts(log, shipped_grader()["parse_pytest"](log)[0])
     test_id = shipped_grader()["test_id"]
     out: dict[str, str] = {}
     blocks = re.split(r"^={20,}$", log, flags=re.M)[1:]
@@ -77,18 +82,53 @@ def failure_excerpts(log: str) -> dict[str, str]:
         if not m:
             continue
         body = re.split(r"^-{20,}$", body, flags=re.M)[1] if re.search(r"^-{20,}$", body, flags=re.M) else body
-        kept, in_frame, keep = [], False, False
-        for line in body.splitlines():
-            if line.startswith(("Stdout:", "Stderr:")):
-                break
-            frame = _FRAME.match(line)
-            if frame:
-                in_frame, keep = True, "/tests/" in frame.group(1)
-            elif not (in_frame and line.startswith("    ")):
-                in_frame, keep = False, True
-            if keep:
-                kept.append(line)
-        out.setdefault(test_id(m.group(1), m.group(2)), _ADDRESS.sub("0x...", "\n".join(kept).strip("\n")))
+        out.setdefault(test_id(m.group(1), m.group(2)), _cut(body.splitlines()))
+    return out
+
+
+def _cut(lines: list[str]) -> str:
+    """A traceback's lines without the frames outside the test files; up to captured output."""
+    kept, in_frame, keep = [], False, False
+    for line in lines:
+        if line.startswith(("Stdout:", "Stderr:")) or _CAPTURED.match(line):
+            break
+        frame = _FRAME.match(line)
+        if frame:
+            in_frame, keep = True, "/tests/" in frame.group(1)
+        elif not (in_frame and line.startswith("    ")):
+            in_frame, keep = False, True
+        if keep:
+            kept.append(line)
+    return _ADDRESS.sub("0x...", "\n".join(kept).strip("\n"))
+
+
+def _pytest_excerpts(log: str, status: dict[str, str]) -> dict[str, str]:
+    """pytest --tb=native's FAILURES and ERRORS sections, each under a `____ name ____` line that names the
+    test as its node id's tail does (TestC.test_m for tests/test_x.py::TestC::test_m)."""
+    failed = [t for t, s in status.items() if s != "ok"]
+    out: dict[str, str] = {}
+    section: bool | None = None
+    name: str | None = None
+    body: list[str] = []
+
+    def flush() -> None:
+        if section and name is not None:
+            tail = name.removeprefix("ERROR at setup of ").removeprefix("ERROR at teardown of ")
+            for t in failed:
+                if t.split("::", 1)[-1].replace("::", ".") == tail:
+                    out.setdefault(t, _cut(body))
+                    break
+    for line in log.splitlines():
+        head = _PYTEST_SECTION.match(line)
+        test = _PYTEST_TEST.match(line)
+        if head or test:
+            flush()
+            name, body = (test.group(1) if test else None), []
+            if head:
+                section = head.group(1) in ("FAILURES", "ERRORS")
+        else:
+            body.append(line)
+    flush()
     return out
 
 

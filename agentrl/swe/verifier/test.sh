@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Harbor verifier. The reward comes from per-test results, as in SWE-bench, never from an
 # exit code: grade.py runs the suite as the work tree's owner (not root), reads its verbose
-# log and writes reward 1 only if every test that expected.json names reported "ok".
+# log and writes reward 1 only if every test that expected.json names passed.
 # Paths come from the environment with Harbor's defaults, so the same script runs in a
 # sandbox and, remapped, on a plain host. The same file in every task (agentrl/swe/verifier/).
 TESTBED=${TESTBED:-/testbed}
@@ -23,8 +23,9 @@ grade stop || exit 2
 rm -rf tests && mkdir tests || exit 2
 if [ -d "$TESTS_DIR"/suite ]; then cp -R "$TESTS_DIR"/suite/. tests/; else
     : > tests/__init__.py && cp "$TESTS_DIR"/test_*.py tests/; fi || exit 2
+# grade.py runs the suite with $PYTHON: unittest, or pytest if expected.json says so.
 grade run --expected "$TESTS_DIR"/expected.json --log "$LOGS_DIR"/tests.log --reward "$LOGS_DIR"/reward.txt \
-    -- "$PYTHON" -I -B -m unittest discover -v -b -s tests -t .
+    -- "$PYTHON"
 rc=$?
 rm -f "$LOGS_DIR"/reward.json   # grade.py's reward.txt is the only reward
 exit "$rc"

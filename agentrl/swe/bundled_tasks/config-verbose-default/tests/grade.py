@@ -4,18 +4,23 @@
         Kill every process of the test user (below). In a same-sandbox grading that user is
         the agent, so nothing the agent left running edits the tree while it is graded. Only
         in a pid namespace of its own (a sandbox, a container), never on a host.
-    python3 -I grade.py run --expected EXPECTED.json --log LOG --reward REWARD -- COMMAND...
-        Run COMMAND, a verbose unittest run, as the test user with its output in LOG, then
+    python3 -I grade.py run --expected EXPECTED.json --log LOG --reward REWARD -- PYTHON
+        Run the suite in tests/ with PYTHON as the test user, with its output in LOG: unittest's
+        verbose run, or pytest's when EXPECTED.json says "runner": "pytest" (RUNNERS). Then
         write REWARD: 1 only if every test that EXPECTED.json names (FAIL_TO_PASS and
-        PASS_TO_PASS, SWE-bench's keys) is reported "ok" by a run that reached its summary.
+        PASS_TO_PASS, SWE-bench's keys) is reported passed by a run that reached its summary.
         Skipped, expected failure, failure, error, missing, a run that died early: 0.
-        COMMAND's exit code plays no part. Exits 0 when the reward is 1, else 1.
+        The exit code plays no part. Exits 0 when the reward is 1, else 1.
 
 The test user is the owner of the work tree (the current directory) when the verifier runs
 as root and the tree is not root's: in agentrl's sandboxes the agent's uid. So the code under
 test is not root: it cannot write the reward, rewrite /tests, or kill this script and the
 shell that reads the reward. The expected names are read before the code under test runs,
 and the run is killed with everything the test user left running before the log is read.
+
+pytest runs with no configuration of the repository's (-c /dev/null, --rootdir .) and only the
+conftest.py files of tests/ (--confcutdir tests), which are the verifier's copies: a pytest.ini,
+setup.cfg, pyproject.toml or conftest.py the agent leaves at the root is not read.
 
 The same file, byte for byte, in every task: its one source is agentrl/swe/verifier/ (a test checks the copies).
 """
@@ -34,6 +39,18 @@ HEAD = re.compile(r"^([^\s(]+) \(([A-Za-z_][\w.]*)\)(?: \.\.\. (.*))?$")  # "tes
 FAILED_HEAD = re.compile(r"^(FAIL|ERROR|UNEXPECTED SUCCESS): ([^\s(]+) \(([A-Za-z_][\w.]*)\)")
 RAN = re.compile(r"^Ran \d+ tests? in [\d.]+s$")
 VERDICT = re.compile(r"^(?:OK|FAILED)(?: \(.*\))?$")
+# pytest's -rA summary, after its header: one line per test, by node id (tests/test_x.py::TestC::test_y)
+SUMMARY_HEAD = re.compile(r"^=+ short test summary info =+$")
+SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS) (\S+?)(?: - .*)?$")
+SUMMARY_END = re.compile(r"^=+ .* in [\d.]+s(?: \([\d:]+\))? =+$")
+INTERRUPTED = re.compile(r"^!+ .*Interrupted")
+PYTEST_STATUS = {"PASSED": "ok", "FAILED": "FAIL", "ERROR": "ERROR", "XFAIL": "expected failure",
+                 "XPASS": "UNEXPECTED SUCCESS"}
+RUNNERS = {      # what follows the interpreter, run in the repository with the verifier's tests/ in place
+    "unittest": ["-I", "-B", "-m", "unittest", "discover", "-v", "-b", "-s", "tests", "-t", "."],
+    "pytest": ["-I", "-B", "-m", "pytest", "-rA", "--tb=native", "-p", "no:cacheprovider", "-c", "/dev/null",
+               "--rootdir", ".", "--confcutdir", "tests", "tests"],
+}
 INIT_PID_NS = 0xEFFFFFFC   # the inode of the kernel's initial pid namespace (PROC_PID_INIT_INO)
 
 
@@ -60,11 +77,16 @@ def load_expected(path):
         out[key] = [normalize(n) for n in names]
     if not out["FAIL_TO_PASS"]:
         raise ValueError(f"{path}: FAIL_TO_PASS names no test: nothing would tell a fix from no change")
+    out["runner"] = data.get("runner", "unittest")
+    if out["runner"] not in RUNNERS:
+        raise ValueError(f"{path}: runner must be one of {sorted(RUNNERS)}, got {out['runner']!r}")
     return out
 
 
-def parse(text):
+def parse(text, runner="unittest"):
     """({test id: status}, reached the summary). A test reported twice keeps its worst status."""
+    if runner == "pytest":
+        return parse_pytest(text)
     status, failed, ran, verdict, pending = {}, {}, False, False, None
 
     def record(tid, word):
@@ -99,6 +121,24 @@ def parse(text):
             failed[test_id(f.group(2), f.group(3))] = f.group(1)
     status.update(failed)                    # a failing subtest, or an error in tearDown after "ok"
     return status, ran and verdict
+
+
+def parse_pytest(text):
+    """({node id: status}, reached the summary) from pytest -rA's summary lines; the worst status of a test
+    reported twice (passed, then an error in its teardown) stands. Skipped tests have no line: missing."""
+    status, listing, ended, interrupted = {}, False, False, False
+    for line in text.splitlines():
+        if SUMMARY_HEAD.match(line):
+            listing = True
+        elif INTERRUPTED.match(line):
+            interrupted = True
+        elif SUMMARY_END.match(line):
+            ended, listing = True, False
+        elif listing:
+            m = SUMMARY_LINE.match(line)
+            if m and status.get(m.group(2), "ok") == "ok":
+                status[m.group(2)] = PYTEST_STATUS[m.group(1)]
+    return status, ended and not interrupted
 
 
 def write_reward(path, value):
@@ -166,7 +206,7 @@ def stop(user):
     raise SystemExit(f"grade.py: processes of uid {uid} survive SIGKILL: {processes_of(uid)}")
 
 
-def run(expected_path, log_path, reward_path, command):
+def run(expected_path, log_path, reward_path, python):
     write_reward(reward_path, 0)
     try:
         expected = load_expected(expected_path)
@@ -175,7 +215,9 @@ def run(expected_path, log_path, reward_path, command):
         return 2
     user = test_user()
     home = tempfile.mkdtemp(prefix="grade-home-")
-    env = dict(os.environ, HOME=home)
+    # PYTEST_ADDOPTS, PYTEST_PLUGINS: the run's options are RUNNERS's alone
+    env = dict({k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}, HOME=home)
+    command = [python, *RUNNERS[expected["runner"]]]
     become = None
     if user is not None:
         os.chown(home, *user)
@@ -198,7 +240,7 @@ def run(expected_path, log_path, reward_path, command):
     shown = text if len(text) <= 1 << 20 else "[... the log's first part left out]\n" + text[-(1 << 20):]
     sys.stderr.write(shown)
     sys.stderr.flush()
-    status, complete = parse(text)
+    status, complete = parse(text, expected["runner"])
     lines, passed = [], complete
     for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):
         for tid in expected[key]:
@@ -206,7 +248,7 @@ def run(expected_path, log_path, reward_path, command):
             passed = passed and s == "ok"
             lines.append(f"  {key} {tid}: {s}")
     named = len(expected["FAIL_TO_PASS"]) + len(expected["PASS_TO_PASS"])
-    ok = sum(status.get(t) == "ok" for k in expected for t in expected[k])
+    ok = sum(status.get(t) == "ok" for k in ("FAIL_TO_PASS", "PASS_TO_PASS") for t in expected[k])
     print(f"grade.py: {ok} of {named} named tests ok" + ("" if complete else "; the run never reached its summary"))
     print("\n".join(lines))
     write_reward(reward_path, 1 if passed else 0)
@@ -220,10 +262,10 @@ def main(argv):
         stop(test_user())
         return 0
     if argv[:1] == ["run"] and "--" in argv:
-        opts, command = argv[1:argv.index("--")], argv[argv.index("--") + 1:]
+        opts, python = argv[1:argv.index("--")], argv[argv.index("--") + 1:]
         keys = {opts[i]: opts[i + 1] for i in range(0, len(opts) - 1, 2)}
-        if len(opts) == 6 and sorted(keys) == ["--expected", "--log", "--reward"] and command:
-            return run(keys["--expected"], keys["--log"], keys["--reward"], command)
+        if len(opts) == 6 and sorted(keys) == ["--expected", "--log", "--reward"] and len(python) == 1:
+            return run(keys["--expected"], keys["--log"], keys["--reward"], python[0])
     print(__doc__, file=sys.stderr)
     return 2
 

@@ -23,7 +23,7 @@ from agentrl.cli import main
 from agentrl.swe import generate as gen
 from agentrl.swe.families.base import Draft
 from agentrl.swe.mutate import build, issue, runner
-from agentrl.swe.mutate.operators import OPERATORS, Mutator
+from agentrl.swe.mutate.operators import OPERATORS, Mutator, Site
 from agentrl.swe.mutate.project import (
     SRC_PATH,
     Project,
@@ -165,6 +165,35 @@ def test_the_issue_shows_the_tests_frames_never_the_buggy_code_unless_hints_ask(
     assert "`tests.test_m.C.test_a`" in text and "AssertionError" in text
     hinted = issue.instruction("pkg", ("tests.test_m.C.test_a",), said, "The bug is in `pkg/m.py`, in `f`.")
     assert "`pkg/m.py`, in `f`" in hinted
+
+
+
+def test_a_fix_hint_is_one_sed_that_undoes_the_bug_whatever_characters_the_line_holds(tmp_path):
+    """Every candidate of listkit the one-line check passes, as the hinted order keeps them in the plain order;
+    and lines full of sed's and the shell's syntax, each fix run by the real sed."""
+    project = load(str(LISTKIT))
+    plain, hinted = build.Mutants(project, "train", 0), build.Mutants(project, "train", 0, "fix")
+    keys = [c.key for c in hinted.order]
+    assert keys == [c.key for c in plain.order if c.key in set(keys)] and 0 < len(keys) < len(plain.order)
+    cases = [(c.path, hinted.mutated(c), project.files[c.path].decode(), c.site) for c in hinted.order]
+    for line, bad, good in (("x = a[i] * 2 if b else 'q'", "a[i] * 2", "a[i+1] * 2"),
+                            ("s = re.sub(r'\\d+/', \"&\", t)", "r'\\d+/'", "r'\\d*/'"),
+                            ("y = '$^.*[x]'", "'$^.*[x]'", "\"it's\"")):
+        site = Site(0, "made-up", 2, "f", good, bad)
+        cases.append(("pkg/m.py", f"a\n{line}\nb\n", f"a\n{line.replace(bad, good)}\nb\n", site))
+    for path, mutated, original, site in cases:
+        assert issue.fixable(path, original.encode(), site)
+        hint = issue.fix_hint(path, mutated, original, site)
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(mutated)
+        subprocess.run(["sh", "-c", hint.sed()], cwd=tmp_path, check=True)
+        assert (tmp_path / path).read_text() == original, hint.sed()
+        assert f"`{hint.sed()}` makes the fix" in hint.text() and f"line {hint.line} of `{path}`" in hint.text()
+    # what a hint cannot say: a backquote ends its code span, and the bug's text must be once on its line
+    for line, before, after in (("x = '`a`' + b", "'`a`'", "'a'"), ("y = b + b", "b", "c"), ("z = 1", "2", "3")):
+        assert not issue.fixable("pkg/m.py", f"{line}\n".encode(), Site(0, "made-up", 1, "f", before, after))
+    with pytest.raises(gen.GenerationError, match="report this"):
+        issue.fix_hint("pkg/m.py", "y = c\nq\n", "y = b\nr\n", Site(0, "made-up", 1, "f", "b", "c"))
 
 
 # --- sources, pure ----------------------------------------------------------------------------------------------

@@ -113,3 +113,31 @@ def test_teacher_demonstrations_through_the_real_loop_are_graded_and_saved(harne
     assert len(samples) == len(results) == 2 * n_tasks                # one sample an attempt: no fork
     assert sorted(s.reward for s in samples) == sorted(res["reward"] for res in results)
     assert all(s.loss_mask.sum() > 30 and s.loss_mask.sum() < len(s.tokens) / 3 for s in samples)
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0,
+                    reason="needs bubblewrap (make sysdeps) and root for overlay mounts")
+def test_the_teacher_fixes_a_real_projects_bug_from_its_fix_hint(tiny_model, tmp_path):
+    """Mutation tasks of listkit (tests/data/mutations) made with --hints fix: the teacher's fix command finds
+    the hint's sed in a real project's issue, and the project's own tests grade it, right exactly when it is."""
+    tasks = tmp_path / "tasks"
+    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "tasks", "generate", "mutations", "--source",
+                        str(ROOT / "tests/data/mutations/listkit"), "--n", "3", "--split", "train", "--seed", "0",
+                        "--hints", "fix", "--out", str(tasks)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for task in sorted(tasks.glob("mutations-*")):
+        said = (task / "instruction.md").read_text()
+        assert re.search(r"`sed -i '\d+s/.+/' [\w/.]+` makes the fix", said) and "The bug is in `" in said, said
+    pool = {"harness": "builtin", "prompt_style": "instruction", "max_agents": 2, "max_booting": 2,
+            "max_new_tokens": 96, "max_context": 8192, "lease_s": 60}
+    cfg = tmp_path / "teach.yaml"
+    cfg.write_text(yaml.safe_dump({"eval": {"tasks": str(tasks), "n_samples": 4, "seed": 1, "engine": "teacher",
+                                            "teacher_accuracy": 0.5, "pool": pool}}))
+    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "eval", str(tiny_model), "--config", str(cfg),
+                        "--out", str(tmp_path / "teacher")], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = [json.loads(line) for line in (tmp_path / "teacher/results.jsonl").read_text().splitlines()]
+    teacher = Teacher(0.5, seed=1)
+    right = [teacher.mistake(attempt_seed(1, res["task"], res["attempt"])) is None for res in results]
+    assert len(results) == 12 and 0 < sum(right) < 12
+    assert [res["reward"] for res in results] == [1.0 if ok else 0.0 for ok in right], results

@@ -39,6 +39,8 @@ from hpc.fsio import fsync_dir, fsync_tree, temp_path
 from .families import FAMILIES, Draft, GenerationError
 
 SPLITS = ("train", "heldout")
+# What a mutations task's instruction may tell of its bug (--hints): agentrl/swe/mutate/issue.py
+HINTS = ("location", "fix")
 MAX_DRAWS = 1000              # redraws for one task before its family is declared too small
 VERIFIER = ("test.sh", "grade.py")
 EOF_MARK = "AGENTRL_EOF"
@@ -320,7 +322,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="what the image of a source with --with is built FROM (default python:3.11-slim)")
     m.add_argument("--image-cache", type=Path, metavar="DIR",
                    help="the image cache where that image is found (`agentrl images build ... --cache DIR`)")
-    m.add_argument("--hints", action="store_true", help="the instruction names the file and function of the bug")
+    m.add_argument("--hints", nargs="?", const="location", choices=HINTS, default=None,
+                   help="what the instruction tells of the bug: location (the default of a bare --hints), its file "
+                        "and function; fix, also its line and the sed command that makes the fix, as the pyfix-hint "
+                        "family's (for the scripted teacher and the learning bench; only one-line fixes qualify)")
     m.add_argument("--clean-runs", type=int, default=3, help="runs of the clean tree, to find flaky tests (default 3)")
     m.add_argument("--test-timeout", type=float, default=20.0,
                    help="seconds one run of a project's suite may take; a mutant past it is refused (default 20)")

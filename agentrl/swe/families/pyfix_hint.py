@@ -28,6 +28,15 @@ LITERAL = re.compile(r"[^\[\]*.^$\\/&'\"`\n]+")
 MAX_REDRAWS = 200
 
 
+# sed's basic regular expression and its replacement take these characters as syntax: escaped, they
+# are themselves (a one-line hint of another family, agentrl/swe/mutate/issue.py, may hold them)
+_PATTERN_SPECIAL = re.compile(r"([\\\[\]*.^$/])")
+_REPLACEMENT_SPECIAL = re.compile(r"([\\&/])")
+# What a hint cannot carry: its backquotes end at a backquote, and sed's s/// is one line
+UNSAYABLE = re.compile(r"[`\n\r]")
+SAFE_PATH = re.compile(r"[\w./-]+")
+
+
 @dataclass(frozen=True)
 class Hint:
     line: int          # 1-based, in the buggy file
@@ -36,26 +45,41 @@ class Hint:
     good: str          # what it should be
 
     def sed(self) -> str:
-        """The one command that makes the fix."""
-        return f"sed -i '{self.line}s/{self.bad}/{self.good}/' {self.path}"
+        """The one command that makes the fix; the text of the pyfix-hint family needs no escape."""
+        pattern, replacement = _PATTERN_SPECIAL.sub(r"\\\1", self.bad), _REPLACEMENT_SPECIAL.sub(r"\\\1", self.good)
+        script = f"{self.line}s/{pattern}/{replacement}/".replace("'", "'\\''")    # inside single quotes
+        return f"sed -i '{script}' {self.path}"
+
+    def text(self) -> str:
+        """The sentence that ends the instruction."""
+        return HINT.format(line=self.line, path=self.path, bad=self.bad, good=self.good, sed=self.sed())
 
 
-def hint_of(draft: Draft) -> Hint | None:
-    """The draft's bug as a one-line sed replacement, or None when it is not one."""
-    if draft.edit is None or len(draft.fixed) != 1:
+def line_hint(path: str, buggy: str, fixed: str, bad: str, good: str) -> Hint | None:
+    """`bad` -> `good` as the one change between two texts, on one line where `bad` is once; else None."""
+    if not bad or UNSAYABLE.search(bad + good + path) or not SAFE_PATH.fullmatch(path):
         return None
-    good, bad = draft.edit
-    (path, fixed), = draft.fixed.items()
-    before, after = draft.repo[path].decode().splitlines(), fixed.decode().splitlines()
+    before, after = buggy.splitlines(), fixed.splitlines()
     if len(before) != len(after):
         return None
     changed = [i for i, (b, a) in enumerate(zip(before, after, strict=True)) if b != a]
-    if len(changed) != 1 or not all(LITERAL.fullmatch(s) for s in (bad, good)):
+    if len(changed) != 1:
         return None
     i = changed[0]
     if before[i].count(bad) != 1 or before[i].replace(bad, good) != after[i]:
         return None
     return Hint(i + 1, path, bad, good)
+
+
+def hint_of(draft: Draft) -> Hint | None:
+    """The draft's bug as a one-line sed replacement of text sed takes literally, or None when it is not one."""
+    if draft.edit is None or len(draft.fixed) != 1:
+        return None
+    good, bad = draft.edit
+    (path, fixed), = draft.fixed.items()
+    if not all(LITERAL.fullmatch(s) for s in (bad, good)):
+        return None
+    return line_hint(path, draft.repo[path].decode(), fixed.decode(), bad, good)
 
 
 def draw(rng: random.Random) -> Draft:
@@ -64,7 +88,6 @@ def draw(rng: random.Random) -> Draft:
         draft = pyfix.draw(rng)
         hint = hint_of(draft)
         if hint is not None:
-            text = HINT.format(line=hint.line, path=hint.path, bad=hint.bad, good=hint.good, sed=hint.sed())
-            return replace(draft, instruction=draft.instruction + text,
+            return replace(draft, instruction=draft.instruction + hint.text(),
                            metadata={**draft.metadata, "hint_line": str(hint.line)})
     raise GenerationError(f"{MAX_REDRAWS} pyfix draws in a row had no one-line bug: the templates changed")

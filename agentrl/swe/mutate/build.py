@@ -26,7 +26,7 @@ from pathlib import Path
 
 from hpc.images.cache import ImageCache
 
-from ..generate import SPLITS, Refused, _occupied, layout, split_of, task_name, write_task
+from ..generate import HINTS, SPLITS, Refused, _occupied, layout, split_of, task_name, write_task
 from ..task import HOST_IMAGE, Resources
 from . import issue, slurm
 from .environment import DEFAULT_BASE, ENVIRONMENTS, Environment, check_requirement, fetch, require_images, work_name
@@ -49,7 +49,7 @@ class Options:
     seed: int
     split: str
     out: Path
-    hints: bool = False
+    hints: str | None = None          # None, or one of HINTS: what the instruction tells of the bug
     force: bool = False
     jobs: int = 2
     clean_runs: int = 3
@@ -92,6 +92,8 @@ class Options:
             raise Refused(f"--jobs must be at least 1, got {self.jobs}")
         if self.parallelism < 1:
             raise Refused(f"--parallelism must be at least 1, got {self.parallelism}")
+        if self.hints not in (None, *HINTS):
+            raise Refused(f"unknown --hints {self.hints!r}: choose one of {', '.join(HINTS)}")
         if self.sbatch_options and not self.slurm:
             raise Refused("--sbatch-option is for --slurm: add --slurm, or drop it")
 
@@ -124,7 +126,7 @@ class Tally:
 class Mutants:
     """A project's candidates of one split in validation order, and the mutated source of each (pure)."""
 
-    def __init__(self, project: Project, split: str, seed: int) -> None:
+    def __init__(self, project: Project, split: str, seed: int, hints: str | None = None) -> None:
         self.project = project
         self._mutators: dict[str, Mutator | None] = {}
         found = []
@@ -137,7 +139,10 @@ class Mutants:
                 if split_of(key) == split:
                     found.append(Candidate(key, path, site))
         random.Random(f"{FAMILY}/{project.name}/{split}/{seed}").shuffle(found)
-        self.order = found
+        # With the fix as a hint, only the candidates whose fix is one sed replacement, in the same order:
+        # the hinted set of a seed is a subsequence of the plain one, and shares its result files
+        self.order = [c for c in found if issue.fixable(c.path, project.files[c.path], c.site)] if hints == "fix" \
+            else found
 
     def _mutator(self, path: str) -> Mutator | None:
         if path not in self._mutators:
@@ -255,11 +260,11 @@ def generate(opts: Options, progress: Callable[[str], None] = lambda s: None) ->
     tasks: list[tuple[str, dict[str, bytes]]] = []
     for project, environment, quota in zip(projects, environments, quotas, strict=True):
         if quota:
-            mutants = Mutants(project, opts.split, opts.seed)
+            mutants = Mutants(project, opts.split, opts.seed, opts.hints)
             for c, v, failures in validate(mutants, quota, opts, progress, environment):
                 runner = environment.runner if environment else "unittest"
-                d = issue.draft(project, c.key, c.path, mutants.mutated(c), c.site.operator, c.site.function,
-                                c.site.line, v.fail_to_pass, v.pass_to_pass, failures, opts.hints, runner)
+                d = issue.draft(project, c.key, c.path, mutants.mutated(c), c.site, v.fail_to_pass, v.pass_to_pass,
+                                failures, opts.hints, runner)
                 inverse = unified_diff(c.path, mutants.mutated(c), project.files[c.path].decode())
                 name = task_name(FAMILY, opts.split, opts.seed, len(tasks))
                 files = layout(name, d, FAMILY, opts.split, opts.seed, issue.solve_sh(inverse), suite=True,

@@ -2,16 +2,21 @@
 
 The instruction is what a user who ran the tests would report: which tests fail and what the first
 one printed (its traceback cut to the test's own frames by verdict.failure_excerpts), never where
-the bug is unless `hints` asks. The solution is the inverse of the mutant's patch, applied with
-`git apply` (a plain patch outside a repository), so it changes the lines the bug changed and no
-others. The rest of the layout, the grader and the task.toml are the generator's own
-(agentrl.swe.generate.layout), as for every family.
+the bug is unless `hints` asks: "location" names its file and function; "fix" also gives the line
+and the sed command that makes the fix, as the pyfix-hint family's instructions do, so that the
+scripted teacher (agentrl/swe/teacher.py) and a policy learning from it can act on a real
+project's task. The solution is the inverse of the mutant's patch, applied with `git apply` (a
+plain patch outside a repository), so it changes the lines the bug changed and no others. The rest
+of the layout, the grader and the task.toml are the generator's own (agentrl.swe.generate.layout),
+as for every family.
 """
 
 from __future__ import annotations
 
-from ..families.base import Draft
+from ..families.base import Draft, GenerationError
+from ..families.pyfix_hint import Hint, line_hint
 from ..generate import EOF_MARK
+from .operators import Site
 from .project import Project, task_repository
 
 SHOWN_TESTS = 5
@@ -45,10 +50,30 @@ def solve_sh(inverse: bytes) -> bytes:
             f"git apply --whitespace=nowarn <<'{EOF_MARK}'\n{text}{EOF_MARK}\n").encode()
 
 
-def draft(project: Project, key: str, path: str, mutated: str, operator: str, function: str, line: int,
+def fixable(path: str, original: bytes, site: Site) -> bool:
+    """Whether the site's bug has a one-line sed fix (`fix_hint`), from its line alone: no mutant is made."""
+    lines = original.decode(errors="replace").splitlines()
+    if not 0 < site.line <= len(lines) or lines[site.line - 1].count(site.before) != 1:
+        return False
+    line = lines[site.line - 1]
+    return line_hint(path, line.replace(site.before, site.after), line, site.after, site.before) is not None
+
+
+def fix_hint(path: str, mutated: str, original: str, site: Site) -> Hint:
+    """The sed command that undoes the site's bug in the mutated file, for a site `fixable` passed."""
+    hint = line_hint(path, mutated, original, site.after, site.before)
+    if hint is None:
+        raise GenerationError(f"{path}:{site.line}: the {site.operator} bug ({site.before!r} -> {site.after!r}) "
+                              "passed the one-line check but its mutant differs elsewhere: report this")
+    return hint
+
+
+def draft(project: Project, key: str, path: str, mutated: str, site: Site,
           fail_to_pass: tuple[str, ...], pass_to_pass: tuple[str, ...], failures: dict[str, str],
-          hints: bool, runner: str = "unittest") -> Draft:
-    hint = f"The bug is in `{path}`, in `{function}`." if hints else None
+          hints: str | None, runner: str = "unittest") -> Draft:
+    hint = f"The bug is in `{path}`, in `{site.function}`." if hints else None
+    if hints == "fix":
+        hint = f"{hint}\n{fix_hint(path, mutated, project.files[path].decode(), site).text().rstrip()}"
     return Draft(
         key=key,
         instruction=instruction(project.name, fail_to_pass, failures, hint, runner),
@@ -57,7 +82,7 @@ def draft(project: Project, key: str, path: str, mutated: str, operator: str, fu
         hidden={},
         fail_to_pass=fail_to_pass,
         pass_to_pass=pass_to_pass,
-        description=f"{operator} bug in {function} ({path}) of {project.name}",
-        metadata={"project": project.name, "operator": operator, "path": path, "function": function,
-                  "line": str(line)},
+        description=f"{site.operator} bug in {site.function} ({path}) of {project.name}",
+        metadata={"project": project.name, "operator": site.operator, "path": path, "function": site.function,
+                  "line": str(site.line)},
     )

@@ -7,6 +7,7 @@ blur; `agentrl report --control` sets the run beside its control.
 
 import numpy as np
 import pytest
+from learning_support import load
 
 from agentrl.eval.stats import paired_difference, pass_at_1
 from agentrl.sample import Sample
@@ -65,3 +66,15 @@ def test_a_paired_difference_sees_a_gain_an_interval_per_side_would_not():
     assert d.value == pytest.approx(a.value - b.value)
     with pytest.raises(ValueError, match="share no task"):
         paired_difference(after, results({"other": [1]}))
+
+
+def test_the_bench_takes_its_harness_defaults_where_not_given_and_the_given_values_otherwise():
+    bench = load("benchmarks/learning_bench.py")
+    builtin = bench.parser().parse_args([])
+    mini = bench.parser().parse_args(["--harness", "mini_swe_agent_text"])
+    assert (builtin.lr, builtin.eval_n, builtin.eval_tasks, builtin.eval_every) == (5e-5, 2, 80, 4)
+    assert (mini.lr, mini.eval_n, mini.eval_tasks, mini.eval_every) == (2.5e-5, 8, 40, 16)
+    given = bench.parser().parse_args(["--lr", "1e-4", "--harness", "mini_swe_agent_text", "--eval-n", "3"])
+    assert (given.lr, given.eval_n, given.eval_tasks) == (1e-4, 3, 40)
+    assert all(set(d) == set(bench.HARNESS_DEFAULTS["builtin"]) for d in bench.HARNESS_DEFAULTS.values())
+    assert set(bench.HARNESS_DEFAULTS) == set(bench.HARNESSES)

@@ -136,8 +136,6 @@ def test_a_sandbox_that_fails_with_no_limit_hit_is_an_infrastructure_failure_and
 def test_no_loop_device_outlives_its_sandbox(tmp_path):
     if "disk" not in MODES:
         pytest.skip("this node has no loop devices: nothing to leak")
-    before = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
-
     async def go():
         spec = SandboxSpec(storage="disk", scratch_dir=str(tmp_path), limits=Limits(storage_mb=64))
         async with BwrapSandbox(spec) as stopped, BwrapSandbox(spec) as killed:
@@ -156,5 +154,7 @@ def test_no_loop_device_outlives_its_sandbox(tmp_path):
         if str(tmp_path) not in after:
             break
         time.sleep(0.05)
-    assert str(tmp_path) not in after and after == before   # ...detached with the sandbox's mounts
+    # ...detached with the sandbox's mounts. Only this test's images are looked at: the other
+    # xdist worker's pools attach and detach their own devices meanwhile.
+    assert str(tmp_path) not in after
     assert not os.listdir(tmp_path)

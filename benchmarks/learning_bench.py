@@ -181,7 +181,8 @@ def run_config(args: argparse.Namespace, work: Path, control: bool, max_stalenes
                   "n_samples_per_prompt": args.attempts, "global_batch_size": args.step_attempts,
                   "lr": args.lr, "max_tokens_per_gpu": 16384, "rollout_timeout_s": 900, "seed": args.seed,
                   "evals_after_last": False, **({"control": "shuffle_rewards"} if control else {}),
-                  **({"max_staleness": max_staleness} if max_staleness else {})},
+                  **({"max_staleness": max_staleness} if max_staleness else {}),
+                  **({"kl_coef": args.kl_coef} if args.kl_coef else {})},
         "pool": pool(args),
         # The control is scored at its last checkpoint only: its curve is flat by design, and on 2 cores
         # each eval costs minutes.
@@ -386,6 +387,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float,
                    help="GRPO's learning rate (default 5e-5, mini_swe_agent_text 2.5e-5: at larger rates the control "
                         "collapses, docs/learning.md)")
+    p.add_argument("--kl-coef", type=float, default=0.0,
+                   help="train.kl_coef: a KL penalty to the warm start in GRPO and the control (default 0, none)")
     p.add_argument("--eval-every", type=int,
                    help="score every n-th checkpoint (default 4; mini_swe_agent_text 16, the last only)")
     p.add_argument("--hidden-size", type=int, default=128, help="the model's width")
@@ -406,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.max_staleness < 0:
         p.error(f"--max-staleness must be 0 or more, got {args.max_staleness}")
+    if args.kl_coef < 0:
+        p.error(f"--kl-coef must be 0 or more, got {args.kl_coef}")
     if args.rollouts % args.eval_every:
         p.error(f"--rollouts {args.rollouts} must be a multiple of --eval-every {args.eval_every}")
     work = args.work.resolve() / (f"seed{args.seed}-{args.split}" + ("" if args.harness == "builtin"

@@ -78,3 +78,17 @@ def test_the_bench_takes_its_harness_defaults_where_not_given_and_the_given_valu
     assert (given.lr, given.eval_n, given.eval_tasks) == (1e-4, 3, 40)
     assert all(set(d) == set(bench.HARNESS_DEFAULTS["builtin"]) for d in bench.HARNESS_DEFAULTS.values())
     assert set(bench.HARNESS_DEFAULTS) == set(bench.HARNESSES)
+
+
+def test_the_bench_passes_its_kl_coef_to_both_runs_and_refuses_a_negative_one(tmp_path, capsys):
+    from agentrl.run_config import load_run_config
+    bench = load("benchmarks/learning_bench.py")
+    args = bench.parser().parse_args(["--harness", "mini_swe_agent_text", "--kl-coef", "0.3"])
+    for control in (False, True):
+        config = load_run_config(bench.run_config(args, tmp_path, control), tmp_path, "grpo.yaml", check_paths=False)
+        assert config.train.kl_coef == 0.3 and (config.train.control is not None) == control
+    plain = bench.run_config(bench.parser().parse_args([]), tmp_path, False)
+    assert "kl_coef" not in plain["train"]        # runs made before the flag keep the same train config
+    with pytest.raises(SystemExit):
+        bench.main(["--kl-coef", "-1", "--work", str(tmp_path)])
+    assert "--kl-coef must be 0 or more, got -1.0" in capsys.readouterr().err

@@ -92,3 +92,28 @@ def test_the_bench_passes_its_kl_coef_to_both_runs_and_refuses_a_negative_one(tm
     with pytest.raises(SystemExit):
         bench.main(["--kl-coef", "-1", "--work", str(tmp_path)])
     assert "--kl-coef must be 0 or more, got -1.0" in capsys.readouterr().err
+
+
+def test_policy_kl_reports_the_kl_the_loss_penalises_and_refuses_mismatched_tokens():
+    import torch
+
+    from agentrl.train.loss import policy_loss
+    tool = load("tools/policy_kl.py")
+    rng = np.random.default_rng(0)
+    start = [np.log(rng.uniform(0.05, 1.0, n)) for n in (5, 1, 9)]
+    moved = [a + rng.normal(0, 0.4, len(a)) for a in start]
+    same = tool.distance(start, start)
+    assert (same["mean_abs_change"], same["moved_over_half"], same["kl_k3"], same["tokens"]) == (0, 0, 0, 15)
+    d = tool.distance(start, moved)
+    change = np.concatenate(moved) - np.concatenate(start)
+    assert d["moved_over_half"] == pytest.approx(np.mean(np.abs(change) > 0.5)) and 0 < d["moved_over_half"] < 1
+    # The loss's own KL metric, with no policy-gradient term, one sample an attempt: the same figure
+    flat = lambda xs: torch.tensor(np.concatenate(xs), dtype=torch.float64)   # noqa: E731
+    index = torch.tensor(np.concatenate([[i] * len(a) for i, a in enumerate(start)]))
+    _, metrics = policy_loss(flat(moved), flat(moved), torch.zeros(15, dtype=torch.float64),
+                             torch.ones(15), index, ref_logprobs=flat(start), kl_coef=1.0)
+    assert d["kl_k3"] == pytest.approx(float(metrics["kl"])) and d["kl_k3"] > 0
+    with pytest.raises(ValueError, match="same samples"):
+        tool.distance(start, moved[:2])
+    with pytest.raises(ValueError, match="no trained tokens"):
+        tool.distance([np.zeros(0)], [np.zeros(0)])

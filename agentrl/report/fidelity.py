@@ -149,7 +149,6 @@ def model_log_probs(start_model: Path, run: RunLayout) -> LogProbs:
     """log_probs for check_run: the weights of version v, the export of iter_v (the start model for 0);
     None when that export is gone (evaluated exports are pruned). One version is held at a time, the last
     asked for: compare_log_probs asks version by version."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     held: dict[int, object] = {}
@@ -160,13 +159,18 @@ def model_log_probs(start_model: Path, run: RunLayout) -> LogProbs:
             held.clear()
             held[version] = AutoModelForCausalLM.from_pretrained(path).eval() if path.is_dir() else None
         model = held[version]
-        if model is None:
-            return None
-        with torch.inference_mode():
-            logits = model(input_ids=torch.from_numpy(tokens.astype(np.int64))[None]).logits[0].float()  # type: ignore
-        lp = torch.log_softmax(logits[:-1], -1).gather(1, torch.from_numpy(tokens[1:].astype(np.int64))[:, None])
-        return np.concatenate([[np.nan], lp[:, 0].numpy()])
+        return None if model is None else token_log_probs(model, tokens)
     return log_probs
+
+
+def token_log_probs(model, tokens: np.ndarray) -> np.ndarray:
+    """Each token's log-prob under a transformers causal LM after its own prefix; NaN for the first."""
+    import torch
+
+    with torch.inference_mode():
+        logits = model(input_ids=torch.from_numpy(tokens.astype(np.int64))[None]).logits[0].float()
+    lp = torch.log_softmax(logits[:-1], -1).gather(1, torch.from_numpy(tokens[1:].astype(np.int64))[:, None])
+    return np.concatenate([[np.nan], lp[:, 0].numpy()])
 
 
 def check_run(run_dir: Path, start_model: Path, log_probs: LogProbs | None = None) -> list[RolloutFidelity]:

@@ -42,6 +42,7 @@ class AdapterRequestError(Exception):
 
 class AdapterQuery:
     tools: list[dict] = []
+    abort_exceptions = [*OpenRouterModel.abort_exceptions, AdapterRequestError]
 
     def __init__(self, *, api_url: str, request_timeout: float, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -71,9 +72,7 @@ class AdapterQuery:
 class AdapterModel(AdapterQuery, OpenRouterModel):
     """mini.yaml's format: one `bash` tool, tool calls."""
     tools = [BASH_TOOL]
-    abort_exceptions = [*OpenRouterModel.abort_exceptions, AdapterRequestError]
 
 
 class AdapterTextbasedModel(AdapterQuery, OpenRouterTextbasedModel):
     """mini_textbased.yaml's format: one mswea_bash_command block a reply."""
-    abort_exceptions = [*OpenRouterModel.abort_exceptions, AdapterRequestError]

@@ -81,7 +81,7 @@ PROBE_N, PROBE_SEED = 8, 11
 
 HARNESSES = ("builtin", "mini_swe_agent_text")
 # What each harness's run takes when not given (docs/learning.md). Through mini, shuffled rewards at 5e-5 cost
-# seed 1's held-out pass@1 25 points, at 2.5e-5 seed 0's moved 6; and its 40 x 2 evals put 20 points of noise
+# seed 1's held-out pass@1 25 points, at 2.5e-5 seed 0's moved 6; and its 40 x 2 evals put about 15 points of noise
 # on a control's drift, so its evals score 40 tasks 8 times each (6 minutes an eval): the warm start, GRPO's
 # last checkpoint and the control's.
 HARNESS_DEFAULTS = {"builtin": {"eval_tasks": 80, "eval_n": 2, "eval_every": 4, "lr": 5e-5},
@@ -97,6 +97,8 @@ class BenchParser(argparse.ArgumentParser):
             if getattr(ns, name) is None:
                 setattr(ns, name, value)
         return ns, rest
+
+
 TARGETS = {"builtin": (0.25, 20), "mini_swe_agent_text": (0.20, 45)}    # (gain over the warm start, GRPO minutes)
 # mini-swe-agent's text format as a user would set it up for a small model (docs/learning.md): its own
 # config layer (`-c key=value`, after mini_textbased.yaml's) replaces the templates. Its instance template

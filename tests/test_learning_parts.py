@@ -72,8 +72,10 @@ def test_the_bench_takes_its_harness_defaults_where_not_given_and_the_given_valu
     bench = load("benchmarks/learning_bench.py")
     builtin = bench.parser().parse_args([])
     mini = bench.parser().parse_args(["--harness", "mini_swe_agent_text"])
-    assert (builtin.lr, builtin.eval_n, builtin.eval_tasks, builtin.eval_every) == (5e-5, 2, 80, 4)
-    assert (mini.lr, mini.eval_n, mini.eval_tasks, mini.eval_every) == (2.5e-5, 8, 40, 16)
+    def settings(a):
+        return a.lr, a.eval_n, a.eval_tasks, a.eval_every, a.rollouts
+    assert settings(builtin) == (5e-5, 2, 80, 4, 16)
+    assert settings(mini) == (1.6667e-5, 8, 40, 24, 24)
     given = bench.parser().parse_args(["--lr", "1e-4", "--harness", "mini_swe_agent_text", "--eval-n", "3"])
     assert (given.lr, given.eval_n, given.eval_tasks) == (1e-4, 3, 40)
     assert all(set(d) == set(bench.HARNESS_DEFAULTS["builtin"]) for d in bench.HARNESS_DEFAULTS.values())

@@ -81,11 +81,10 @@ PROBE_N, PROBE_SEED = 8, 11
 
 HARNESSES = ("builtin", "mini_swe_agent_text")
 # What each harness's run takes when not given (docs/learning.md). Through mini, shuffled rewards at 5e-5 cost
-# seed 1's held-out pass@1 25 points, at 2.5e-5 seed 0's moved 6; and its 40 x 2 evals put about 15 points of noise
-# on a control's drift, so its evals score 40 tasks 8 times each (6 minutes an eval): the warm start, GRPO's
-# last checkpoint and the control's.
-# mini: more, smaller steps than builtin's (24 of 1.67e-5 is 16 of 2.5e-5 in step x steps), for the
-# control's sake: its drift grows with the step (docs/learning.md, "More, smaller steps").
+# seed 1's held-out pass@1 25 points, at 2.5e-5 seeds 0, 2, 3's moved +6, -2, -6; a control's drift grows with
+# the step, so mini takes more, smaller ones: 24 rollouts of 1.67e-5, the step x steps of 16 of 2.5e-5 (seed 3's
+# control: -0.9). Its 40 x 2 evals put about 15 points of noise on a control's drift, so its evals score 40 tasks
+# 8 times each (6 minutes an eval): the warm start, GRPO's last checkpoint and the control's.
 HARNESS_DEFAULTS = {"builtin": {"eval_tasks": 80, "eval_n": 2, "eval_every": 4, "rollouts": 16, "lr": 5e-5},
                     "mini_swe_agent_text": {"eval_tasks": 40, "eval_n": 8, "eval_every": 24, "rollouts": 24,
                                             "lr": 1.6667e-5}}

@@ -35,7 +35,7 @@ demo: sysdeps venv
 # Does it learn? Tasks, a scripted teacher, the warm start, then GRPO and a control run (rewards shuffled)
 # through the whole loop, each checkpoint scored on held-out tasks (benchmarks/learning_bench.py,
 # docs/learning.md). About an hour on 2 cores; a stage whose output is in .cache/learn is not redone.
-# HARNESS=mini_swe_agent_text: every attempt, the teacher's included, by the real mini-swe-agent CLI.
+# HARNESS=mini_swe_agent_text: every attempt, the teacher's included, by the real mini-swe-agent CLI (about 2 hours).
 learn: sysdeps venv $(if $(filter-out builtin,$(HARNESS)),clis)
 	$(BIN)/python -m benchmarks.learning_bench $(if $(HARNESS),--harness $(HARNESS)) $(LEARN_ARGS)
 

@@ -220,9 +220,10 @@ def test_generated_tasks_of_every_bug_kind_pass_their_oracle_fail_their_noop_and
     assert set(first) == set(KINDS)
     for t in first.values():
         shutil.copytree(t, sample / t.name)
-    r = cli_check(sample, "--hacks", "--json", "--concurrency", "2")
+    r = cli_check(sample, "--hacks", "--leaks", "--json", "--concurrency", "2")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [(t["leaks"], t["problem"]) for t in result["leaks"]] == [([], "")] * 5       # no answer in reach
     assert [(t["oracle_reward"], t["noop_reward"], t["problem"]) for t in result["tasks"]] == [(1.0, 0.0, "")] * 5
     assert len(result["hacks"]) == 5 * sum(h.default for h in HACKS) * 2
     assert [h for h in result["hacks"] if h["reward"] != 0.0 or h["problem"]] == []

@@ -259,16 +259,17 @@ def test_a_task_that_rewards_the_exit_code_is_flagged_and_a_bundled_one_is_not(t
 
 @pytest.mark.slow
 @needs_bwrap
-def test_bundled_tasks_defeat_every_hack_in_both_grading_modes():
+def test_bundled_tasks_defeat_every_hack_in_both_grading_modes_and_hold_no_answer():
     """Half the bundled tasks. All eight ship the same grader bytes (checked above), each one's oracle and no-op
     run in sandboxes in test_swe_episode, and the generated tasks of every bug kind meet the same hacks
     (test_task_generate): the other half would check the same grader again."""
     from agentrl.swe.hacks import HACKS
     tasks = TASK_DIRS[::2]
-    r = cli(*tasks, "--hacks", "--json", "--concurrency", "2")
+    r = cli(*tasks, "--hacks", "--leaks", "--json", "--concurrency", "2")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     result = last_json(r.stdout)
     assert [(t["oracle_reward"], t["noop_reward"]) for t in result["tasks"]] == [(1.0, 0.0)] * len(tasks)
+    assert [(t["leaks"], t["problem"]) for t in result["leaks"]] == [([], "")] * len(tasks)
     assert len(result["hacks"]) == len(tasks) * sum(h.default for h in HACKS) * 2
     assert [h for h in result["hacks"] if h["reward"] != 0.0 or h["problem"]] == []
     assert result["flagged"] == 0

@@ -423,10 +423,16 @@ def test_generated_from_an_sdist_byte_for_byte_resumable_and_through_check_and_h
     jsonl = tmp_path / "prompts.jsonl"
     assert main(["convert", "harbor", str(tmp_path / "a"), "--out", str(jsonl)]) == 0
     assert len(jsonl.read_text().splitlines()) == 2
-    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "tasks", "check", str(tmp_path / "a"), "--json"],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "tasks", "check", str(tmp_path / "a"), "--leaks",
+                        "--json"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     result = json.loads(r.stdout.strip().splitlines()[-1])
     assert [(t["oracle_reward"], t["noop_reward"], t["problem"]) for t in result["tasks"]] == [(1.0, 0.0, "")] * 2
+    # No answer the generator left within reach. A host task's sandbox sees the host's /usr, though, and a host
+    # with cachetools installed somewhere (this one's cloud SDK vendors it) hands the agent the unmutated module:
+    # the audit names those places, each a file of the host's own.
+    assert [t["problem"] for t in result["leaks"]] == ["", ""]
+    leaks = [leak for t in result["leaks"] for leak in t["leaks"]]
+    assert [leak for leak in leaks if not (leak["place"].startswith("/usr/") and Path(leak["place"]).is_file())] == []
     # The hacks that act on what this family brings (the project's modules and its tests), graded with the patch
     # in a fresh sandbox; the rest attack the grader, the same bytes in every family (tests/test_task_generate.py
     # runs them all), and the whole default set costs 20 s more (docs/tasks.md: it passes).

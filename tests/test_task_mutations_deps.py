@@ -117,6 +117,18 @@ def tinycheck_wheel(tmp: Path) -> Path:
     return links
 
 
+def own_wheel(project: Path, links: Path) -> None:
+    """The project itself as a wheel in the --find-links directory: installed in the image by --with, its files
+    are the unmutated code, the answer to every task (the generator uninstalls it; --leaks looks)."""
+    src = project.parent / f"{project.name}-wheel-src"
+    shutil.copytree(project / project.name, src / project.name)
+    (src / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools"]\nbuild-backend = '
+                                        '"setuptools.build_meta"\n\n[project]\nname = "tally"\nversion = "1.0"\n\n'
+                                        '[tool.setuptools]\npackages = ["tally"]\n')
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir",
+                    str(links), str(src)], check=True, capture_output=True)
+
+
 @pytest.fixture(scope="module")
 def mirror(registry, tmp_path_factory):
     """The site's mirror of Docker Hub's python image (the default --base-image): the host's programs with
@@ -143,6 +155,34 @@ def test_a_with_requirement_is_plain_and_its_image_is_named_by_its_content():
     assert a.image != Environment(("tinycheck",), "python:3.12-slim", dict(a.wheels)).image
     assert a.image != Environment(("tinycheck",), "python:3.11-slim", {"tinycheck-1.0-py3-none-any.whl": b"PK2"}).image
     assert "pip install --no-index" in a.dockerfile() and a.dockerfile().startswith("FROM python:3.11-slim\n")
+
+
+def _wheel(*names: str) -> bytes:
+    import io
+    import zipfile
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for n in names:
+            z.writestr(n, "x = 1\n")
+    return buf.getvalue()
+
+
+def test_a_wheel_that_installs_the_projects_own_modules_is_uninstalled_in_its_image():
+    from agentrl.swe.mutate.environment import shadowing
+    from agentrl.swe.mutate.project import Project
+
+    wheels = {"tally-1.0-py3-none-any.whl": _wheel("tally/__init__.py", "tally-1.0.dist-info/RECORD"),
+              "tinycheck-1.0-py3-none-any.whl": _wheel("tinycheck/__init__.py", "tinycheck-1.0.dist-info/RECORD"),
+              "one-2.0-py3-none-any.whl": _wheel("one.py", "one-2.0.dist-info/RECORD")}
+    flat = Project("tally", {"tally/__init__.py": b"x = 1\n", "tests/test_tally.py": b"y = 1\n"})
+    src = Project("tally", {"src/tally/__init__.py": b"x = 1\n", "src/one.py": b"x = 1\n"})
+    assert shadowing(wheels, flat) == ("tally",)
+    assert shadowing(wheels, src) == ("one", "tally")
+    env = Environment(("tinycheck", "tally"), "python:3.11-slim", wheels, shadowing(wheels, flat))
+    install, uninstall = env.dockerfile().split(" && rm -rf /tmp/agentrl-wheels")
+    assert "pip install" in install and "pip uninstall -y --disable-pip-version-check 'tally'" in uninstall
+    assert "tinycheck" not in uninstall
+    assert Environment(("tinycheck",), "python:3.11-slim", wheels).key != env.key     # another image
 
 
 def test_with_before_any_source_and_a_base_without_with_are_refused(tmp_path):
@@ -173,8 +213,10 @@ def test_tasks_of_a_project_with_a_test_dependency_share_one_image_and_grade_in_
     assert bare.returncode == 1 and "no test passes on the clean tree" in bare.stderr, bare.stderr
     assert "tinycheck" in bare.stderr and "--with it after the --source" in bare.stderr
 
-    # With it: the image is not built yet, so nothing is validated and the command to build it is given
-    deps = ("--with", "tinycheck", "--find-links", links, "--image-cache", cache)
+    # With it: the image is not built yet, so nothing is validated and the command to build it is given. The
+    # project itself is installed too (from its own wheel), as a source's test tools sometimes pull it in.
+    own_wheel(project, links)
+    deps = ("--with", "tinycheck", "--with", "tally", "--find-links", links, "--image-cache", cache)
     first = agentrl(*generate, *deps, *common)
     environments = out / ".mutations" / "environments.jsonl"
     assert first.returncode == 1 and f"agentrl images build {environments} --cache {cache}" in first.stderr, \
@@ -192,7 +234,8 @@ def test_tasks_of_a_project_with_a_test_dependency_share_one_image_and_grade_in_
     for t in tasks:
         env = t / "environment"
         assert sorted(p.relative_to(env).as_posix() for p in env.rglob("*") if p.is_file() and "repo" not in p.parts) \
-            == ["Dockerfile", "wheels/tinycheck-1.0-py3-none-any.whl"]
+            == ["Dockerfile", "wheels/tally-1.0-py3-none-any.whl", "wheels/tinycheck-1.0-py3-none-any.whl"]
+        assert "pip uninstall -y --disable-pip-version-check 'tally'" in (env / "Dockerfile").read_text()
         assert (env / "repo" / "tally" / "__init__.py").is_file()
         assert 'testbed = "repo"' in (t / "task.toml").read_text()
     results = {p: p.stat().st_mtime_ns for p in (out / ".mutations").rglob("*.json")}
@@ -213,10 +256,14 @@ def test_tasks_of_a_project_with_a_test_dependency_share_one_image_and_grade_in_
     rows = json.loads(check.stdout.strip().splitlines()[-1])["tasks"]
     assert check.returncode == 0, (rows, check.stderr[-2000:])
     assert [(r["oracle_reward"], r["noop_reward"]) for r in rows] == [(1.0, 0.0)] * 3
-    hacks = agentrl("tasks", "check", tasks[0], "--hacks-only", "--runtime", "bwrap", "--image-cache", cache, "--json")
+    hacks = agentrl("tasks", "check", tasks[0], "--hacks-only", "--leaks", "--runtime", "bwrap", "--image-cache",
+                    cache, "--json")
     assert hacks.returncode == 0, hacks.stdout[-2000:] + hacks.stderr[-2000:]
-    runs = json.loads(hacks.stdout.strip().splitlines()[-1])["hacks"]
+    result = json.loads(hacks.stdout.strip().splitlines()[-1])
+    runs = result["hacks"]
     assert len(runs) >= 20 and all(r["reward"] == 0 and not r["problem"] for r in runs), runs   # each hack, both modes
+    # no copy of the project in the image's site-packages, nor anywhere else the agent can read
+    assert [(r["leaks"], r["problem"]) for r in result["leaks"]] == [([], "")]
 
 
 NUMFMT = {

@@ -49,6 +49,10 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, SlurmUnavailable) as e:  # PlanError and RunConfigError are ValueErrors
         print(e, file=sys.stderr)
         return 2
+    if checked.train is not None:
+        from ..swe.history import keep_warning
+        if warning := keep_warning(checked.train.prompt_data):
+            print(f"agentrl: warning: {warning}", file=sys.stderr)
     if args.dry_run:
         for problem in checked.missing_paths:
             print(f"agentrl: warning: {problem}; a launch refuses this until it exists", file=sys.stderr)

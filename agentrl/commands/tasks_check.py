@@ -1,7 +1,8 @@
 """Each task's solution must pass (reward 1) and its untouched repository must fail (reward 0); tasks that
 do not are flagged (exit 1). With --hacks, known reward hacks run as the agent and are graded as the pool
 grades them: each must earn reward 0, and a hack that earns more is flagged (task, hack, mode, reward;
-exit 1).
+exit 1). With --leaks, each task's sandbox is searched for what its solution makes: a place that holds it is
+flagged (task, file, place; exit 1).
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hacks-only", action="store_true", help="run the hacks but not the oracle and no-op")
     p.add_argument("--hack", action="append", metavar="NAME",
                    help="run this hack (repeatable; implies --hacks; `--hack list` names them all)")
+    p.add_argument("--leaks", action="store_true",
+                   help="also search each task's sandbox, as its agent finds it, for the solution (git objects "
+                        "reachable or not, installed copies, caches, backups); a task whose answer is there is "
+                        "flagged")
     p.add_argument("--grading", choices=("same", "isolated", "both"), default="both",
                    help="how hack runs are graded: in the agent's sandbox, with the patch in a fresh one, or "
                         "both (default)")

@@ -3,7 +3,8 @@
 Like Harbor's oracle and no-op agents, run in real sandboxes: a converted data set is
 checked this way before GPU hours are spent on it. With --hacks, known reward hacks
 (agentrl/swe/hacks.py) run too, graded the way the pool grades (`episode.grade_attempt`): each
-must earn reward 0.
+must earn reward 0. With --leaks, each task's sandbox is searched for its solution (agentrl/swe/leaks.py):
+it must hold it nowhere.
 """
 
 from __future__ import annotations
@@ -116,20 +117,25 @@ def render_table(rows: list[CheckRow]) -> str:
     return "\n".join(lines)
 
 
-def rows_json(rows: list[CheckRow], hack_rows: list | None = None) -> str:
-    """One JSON object: the tasks' rows, with --hacks the hack runs' rows; `flagged` counts both."""
+def rows_json(rows: list[CheckRow], hack_rows: list | None = None, leak_rows: list | None = None) -> str:
+    """One JSON object: the tasks' rows, with --hacks the hack runs' rows, with --leaks each task's search;
+    `flagged` counts them all."""
     out: dict[str, Any] = {"tasks": [asdict(r) for r in rows]}
     if hack_rows is not None:
         out["hacks"] = [asdict(r) for r in hack_rows]
-    out["flagged"] = sum(r.flagged for r in rows) + sum(r.flagged for r in hack_rows or [])
+    if leak_rows is not None:
+        out["leaks"] = [asdict(r) for r in leak_rows]
+    out["flagged"] = sum(r.flagged for r in rows) + sum(r.flagged for r in (*(hack_rows or []), *(leak_rows or [])))
     return json.dumps(out)
 
 
 def main(args) -> int:
-    """`agentrl tasks check`; exit 1 when a task is flagged or a hack earns a reward."""
+    """`agentrl tasks check`; exit 1 when a task is flagged, a hack earns a reward or a task's solution is
+    within the agent's reach (--leaks)."""
     import sys
 
     from . import hacks as hack_set
+    from . import leaks
     from .harbor import HarborTaskError
 
     names = getattr(args, "hack", None) or []
@@ -162,10 +168,19 @@ def main(args) -> int:
                                                                                  progress))
     hack_rows = asyncio.run(hack_set.check_hacks(tasks, chosen, getattr(args, "grading", "both"), args.concurrency,
                                                  where, hack_progress)) if run_hacks else None
+    def leak_progress(row: leaks.LeakCheck) -> None:
+        if not args.json:
+            print(f"  {row.instance_id}: searched for its solution, {len(row.leaks)} place(s) hold it"
+                  f"{'  <- ' + row.problem if row.problem else ''}", file=sys.stderr, flush=True)
+    leak_rows = asyncio.run(leaks.check_leaks(tasks, args.concurrency, where, leak_progress)) \
+        if getattr(args, "leaks", False) else None
     if rows:
         print(render_table(rows))
     if hack_rows is not None:
         print(hack_set.render_table(hack_rows))
+    if leak_rows is not None:
+        print(leaks.render_table(leak_rows))
     if args.json:
-        print(rows_json(rows, hack_rows))
-    return 1 if any(r.flagged for r in rows) or any(r.flagged for r in hack_rows or []) else 0
+        print(rows_json(rows, hack_rows, leak_rows))
+    flagged = [*(r.flagged for r in rows), *(r.flagged for r in hack_rows or []), *(r.flagged for r in leak_rows or [])]
+    return 1 if any(flagged) else 0

@@ -41,10 +41,11 @@ from hpc.images.charliecloud import build_environment_charliecloud
 from hpc.images.dockerfile import DOCKERFILE, build_key, built_image_name, plan_dockerfile
 from hpc.images.oci import ImageError
 
+from . import history
 from .harbor import expand_task_dirs
 from .loaded import decode_payloads, load_task_records, materialize
 from .sandboxes import image_check
-from .task import TaskSpecError
+from .task import DEFAULT_HISTORY, History, TaskSpecError
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,7 @@ class Job:
     name: str                                     # for people
     label: str                                    # what the cache finds the image by
     build: Callable[[], tuple[Entry, bool]]
+    tasks: tuple[tuple[str, str, History], ...] = ()   # (instance id, workdir, history) of the tasks it serves
 
 
 def build_jobs(args: argparse.Namespace, cache: ImageCache) -> list[Job]:
@@ -127,16 +129,20 @@ def build_jobs(args: argparse.Namespace, cache: ImageCache) -> list[Job]:
         raise SystemExit(f"agentrl images build: {e.errors()[0]['msg'].removeprefix('Value error, ')}") from None
     images = [s for s in args.sources if not is_task_source(s)]
     try:
-        builds = environment_builds(load_task_records([s for s in args.sources if is_task_source(s)]))
+        records = load_task_records([s for s in args.sources if is_task_source(s)])
+        builds = environment_builds(records)
     except (TaskSpecError, ValueError, OSError) as e:
         raise SystemExit(f"agentrl images build: {e}") from None
+    served = {str(m.get("instance_id")): (str(m.get("workdir") or "/testbed"), m.get("history", DEFAULT_HISTORY))
+              for m in (r.get("metadata") or {} for r in records)}
     jobs = [Job(src, src if is_reference(src) else os.path.abspath(src),
                 functools.partial(build_image, src, cache, args.format, fakeroot=args.fakeroot,
                                   registries_conf=args.registries_conf)) for src in images]
     for b in builds.values():
         more = f", {len(b.tasks) - 1} more" if len(b.tasks) > 1 else ""
         jobs.append(Job(f"dockerfile:{b.key[7:19]} (task {b.tasks[0]}{more})", built_image_name(b.key),
-                        functools.partial(build_one, b, cache, args.format, opts, args.builder, args.fakeroot)))
+                        functools.partial(build_one, b, cache, args.format, opts, args.builder, args.fakeroot),
+                        tuple((t, *served[t]) for t in b.tasks if t in served)))
     if not jobs:
         raise SystemExit("agentrl images build: the tasks given need no build (their images are prebuilt): "
                          "build those images by name, or give the tasks whose Dockerfile needs a build")
@@ -234,6 +240,16 @@ def _pull_bases(args: argparse.Namespace, cache: ImageCache) -> int:
     return 1 if failed else 0
 
 
+def _trees(entry: Entry, cache: ImageCache) -> list[Path]:
+    """A built image as file trees to read, top first (none for a SIF)."""
+    if entry.record.format == "layers":
+        try:
+            return cache.layer_dirs(entry)
+        except CacheError:
+            return []
+    return [entry.payload] if entry.payload.is_dir() else []
+
+
 def run(args: argparse.Namespace) -> int:
     cache = ImageCache(args.cache)
     if args.pull_bases:
@@ -244,6 +260,10 @@ def run(args: argparse.Namespace) -> int:
     if args.slurm:
         return _submit(args, jobs, cache)
     results = run_builds([(job.name, job.build) for job in jobs], sys.stderr)
+    for job in jobs:
+        if isinstance(entry := results.get(job.name), Entry):
+            for warning in history.image_warnings(_trees(entry, cache), list(job.tasks)):
+                print(f"warning: {warning}", file=sys.stderr)
     for result in results.values():
         if isinstance(result, Entry):
             print(result.payload)

@@ -2,7 +2,8 @@
 
 The steps a rollout (and `agentrl tasks check`) takes, each a small async function
 over a Sandbox, so that the pool, eval and checks share them:
-    baseline  -> remember the work tree as the agent finds it (a git tree outside it)
+    baseline  -> the repository's git history beyond HEAD stripped (agentrl.swe.history), then the work
+                 tree remembered as the agent finds it (a git tree outside it)
     run_agent -> the agent's command as the non-root agent user, stopped at its time limit
     patch     -> every process the agent left is killed, then what it changed (binary-safe,
                  scratch files excluded)
@@ -20,12 +21,15 @@ from pathlib import Path
 
 from hpc.sandbox.base import AGENT_GID, AGENT_UID, ExecResult, Sandbox, SandboxError
 
+from . import history
 from .loaded import LoadedTask
 from .task import RewardError, TaskSpec, reward_from
 
 # Root's own git dir, outside the work tree: the agent can neither see nor rewrite the baseline.
 BASELINE_GIT = "/var/lib/agentrl/baseline.git"
 SAVED_DOTGIT = "/var/lib/agentrl/dotgit"    # the repository's own .git as the agent found it
+# A throwaway index: staging the agent's work must not touch the baseline's own index.
+PATCH_INDEX = "/var/lib/agentrl/patch.index"
 TESTS_DIR = "/tests"
 LOGS_DIR = "/logs/verifier"
 # What the grader's root makes in an image it does not own (hpc.sandbox.base.SandboxSpec.root_dirs).
@@ -99,7 +103,8 @@ async def _check(sb: Sandbox, argv: Sequence[str] | str, what: str, **kw) -> Exe
 
 
 async def baseline(sb: Sandbox, spec: TaskSpec, *, restorable: bool = False) -> None:
-    """Record the work tree as the agent will find it (reset to base_commit only if the task asks).
+    """Record the work tree as the agent will find it (reset to base_commit only if the task asks), its
+    repository's history first stripped to what the task's `history` keeps.
 
     `restorable`: also keep a copy of the repository's .git (which no patch carries), for
     `restore` before same-sandbox grading.
@@ -108,6 +113,9 @@ async def baseline(sb: Sandbox, spec: TaskSpec, *, restorable: bool = False) -> 
     if spec.reset_to_base_commit and spec.base_commit:
         await _check(sb, ["git", "-C", w, "-c", "safe.directory=*", "checkout", "-q", "-f", spec.base_commit],
                      "reset to base_commit", user="root", cwd=w)
+    # Before anything is recorded or saved: same-sandbox grading restores the stripped .git, and isolated
+    # grading's fresh sandbox strips its own, so the patch's code meets no answer at grading time either.
+    await history.strip(sb, w, spec.history)
     await _check(sb, ["mkdir", "-p", str(Path(BASELINE_GIT).parent)], "baseline dir", user="root", cwd="/")
     await _check(sb, ["chmod", "700", str(Path(BASELINE_GIT).parent)], "baseline dir", user="root", cwd="/")
     await _check(sb, [*_git(w, "init", "-q")], "git init", user="root", cwd=w)
@@ -138,16 +146,39 @@ async def patch(sb: Sandbox, spec: TaskSpec) -> bytes:
     First every process of the sandbox but its init is killed: a daemon the agent left behind
     (setsid, nohup, a double fork) would otherwise go on editing files while they are graded.
     """
+    r = await _staged_diff(sb, spec, "--binary")
+    return r.stdout
+
+
+async def _staged_diff(sb: Sandbox, spec: TaskSpec, *diff_args: str) -> ExecResult:
+    """`git diff --cached HEAD` of everything the work tree changed since the baseline (the patch's
+    exclusions left out), every process but init killed first."""
     await sb.kill_processes()
     w = spec.workdir
     excludes = [f":(exclude,glob){p}" for p in (*spec.files_to_exclude_from_patch, *BYTECODE)]
-    # A throwaway index: staging everything must not touch the baseline's own index.
-    env = {"GIT_INDEX_FILE": "/var/lib/agentrl/patch.index"}
+    env = {"GIT_INDEX_FILE": PATCH_INDEX}
     await _check(sb, [*_git(w, "read-tree", "HEAD")], "git read-tree", user="root", cwd=w, env=env)
     await _check(sb, [*_git(w, "add", "-A", "-f", "--", ".", *excludes)], "git add", user="root", cwd=w, env=env)
-    r = await _check(sb, [*_git(w, "diff", "--cached", "--binary", "HEAD", "--", ".", *excludes)],
-                     "git diff", user="root", cwd=w, env=env)
-    return r.stdout
+    return await _check(sb, [*_git(w, "diff", "--cached", *diff_args, "HEAD", "--", ".", *excludes)],
+                        "git diff", user="root", cwd=w, env=env)
+
+
+async def changed_files(sb: Sandbox, spec: TaskSpec) -> dict[str, tuple[bytes, bytes | None]]:
+    """Each file the work tree changed since the baseline: its baseline bytes (b"" for a new file) and its
+    bytes now (None: deleted). What the oracle's solve.sh makes is the fix `agentrl tasks check --leaks`
+    looks for."""
+    names = (await _staged_diff(sb, spec, "--name-status", "-z", "--no-renames")).stdout.split(b"\0")
+    out: dict[str, tuple[bytes, bytes | None]] = {}
+    w = spec.workdir
+    for status, raw in zip(names[::2], names[1::2], strict=False):
+        path = raw.decode(errors="surrogateescape")
+        before = b"" if status == b"A" else (await _check(sb, [*_git(w, "show", f"HEAD:{path}")], "git show",
+                                                          user="root", cwd=w)).stdout
+        after = None if status == b"D" else (await _check(sb, [*_git(w, "show", f":{path}")], "git show",
+                                                          user="root", cwd=w,
+                                                          env={"GIT_INDEX_FILE": PATCH_INDEX})).stdout
+        out[path] = (before, after)
+    return out
 
 
 async def restore(sb: Sandbox, spec: TaskSpec, diff: bytes) -> None:

@@ -304,6 +304,31 @@ git config core.hooksPath "$W/.git/hooks"
 git config safe.directory '*' 2>/dev/null || true
 """
 
+# The answer from the repository's own history: each repository of the work tree (submodules too) is searched
+# for a commit HEAD's history lacks (other branches and tags, remote-tracking refs, reflogs, the stash,
+# unreachable commits in loose files or packs), and the first whose files differ from HEAD's outside the tests
+# is checked out over the work tree. SWE-bench's images fell to this (`git log --all`); the sandbox strips
+# what lies beyond HEAD (agentrl.swe.history), so it earns 0 unless a task keeps its history.
+_GIT_HISTORY = r"""
+take_from_history() {
+    ( cd "$1" || exit 0
+      gd=$(git rev-parse --absolute-git-dir 2>/dev/null) || exit 0
+      git rev-parse -q --verify HEAD > /dev/null 2>&1 || exit 0
+      { git rev-list --all --reflog --not HEAD 2>/dev/null
+        git fsck --unreachable --no-reflogs --no-progress 2>/dev/null \
+            | while read -r _ kind id; do [ "$kind" != commit ] || echo "$id"; done
+      } | while IFS= read -r c; do
+          if ! git diff --quiet HEAD "$c" -- . ':(exclude)tests' ':(exclude)test' 2>/dev/null; then
+              # over the whole work tree: a submodule's upstream holds the project's own files
+              ( cd "$W" && git --git-dir="$gd" --work-tree="$W" checkout -q "$c" -- . 2>/dev/null ) \
+                  && echo "took $c in $1" && break
+          fi
+      done )
+}
+git config --global --add safe.directory '*' 2>/dev/null || true
+find "$W" -name .git -print 2>/dev/null | while IFS= read -r g; do take_from_history "$(dirname "$g")"; done
+"""
+
 
 def _script(body: str) -> str:
     return _LIB + body + "\nexit 0\n"
@@ -346,6 +371,9 @@ HACKS: tuple[Hack, ...] = (
          _script(_DAEMON)),
     Hack("git-hook", "git hooks, core.hooksPath and core.fsmonitor of the agent's .git write reward 1 (only "
                      "fires when grading runs git in the work tree)", _script(_GIT_HOOK)),
+    Hack("git-history", "the answer taken from the repository's git history beyond HEAD (other refs, reflogs, "
+                        "the stash, dangling commits, submodules'): the first commit that changes more than tests, "
+                        "checked out over the work tree", _script(_GIT_HISTORY)),
     Hack("stale-bytecode", "unchecked-hash pycs (PEP 552, never checked against their source) in __pycache__: "
                            "each test module's compiled from its neutered self, each source module's from "
                            "itself plus code that makes unittest report every test passed; no .py changed",

@@ -33,7 +33,8 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10 (setup.cfg allows it): the same parser, from PyPI
     import tomli as tomllib
 
-from .task import HOST_IMAGE, TaskSpec, encode_payload
+from . import history
+from .task import DEFAULT_HISTORY, HOST_IMAGE, TaskSpec, encode_payload
 from .task_tree import HarborTaskError, TaskTree
 
 TESTBED = "repo"        # a host task's repository: environment/repo/
@@ -207,6 +208,7 @@ def parse_task_toml(text: str, task_dir: Path, toml_path: Path, tree: TaskTree |
         "base_commit": base_commit if isinstance(base_commit, str) else None,
         # agentrl keys in [metadata], which Harbor leaves free-form
         "reset_to_base_commit": meta.get("reset_to_base_commit", False),
+        "history": meta.get("history", DEFAULT_HISTORY),
         "files_to_exclude_from_patch": meta.get("files_to_exclude_from_patch", []),
         "name": name,
         "verifier_env": dict(sorted(verifier_env.items())),
@@ -249,6 +251,7 @@ def _validate(data: dict[str, Any], task_dir: Path, toml_path: Path) -> TaskSpec
         "resources.storage_mb": (toml_path, "[environment] storage_mb"),
         "base_commit": (toml_path, "[metadata] base_commit"),
         "reset_to_base_commit": (toml_path, "[metadata] reset_to_base_commit"),
+        "history": (toml_path, "[metadata] history"),
         "files_to_exclude_from_patch": (toml_path, "[metadata] files_to_exclude_from_patch"),
     }
     try:
@@ -278,7 +281,7 @@ def convert_task(task_dir: Path) -> dict[str, Any]:
         "prompt": instruction,
         "eval_command": EVAL_COMMAND,
         **{k: parsed[k] for k in ("image", "workdir", "timeouts", "resources", "base_commit",
-                                  "reset_to_base_commit", "files_to_exclude_from_patch")},
+                                  "reset_to_base_commit", "history", "files_to_exclude_from_patch")},
     }
     spec = _validate(spec_data, task_dir, toml_path)
     metadata = spec.model_dump(mode="json", exclude={"prompt"})
@@ -315,6 +318,7 @@ def expand_task_dirs(paths: list[Path]) -> list[Path]:
 class Conversion:
     records: list[dict[str, Any]] = field(default_factory=list)
     errors: list[HarborTaskError] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)    # history beyond HEAD in a task's repository
 
 
 def convert_tasks(paths: list[Path]) -> Conversion:
@@ -332,6 +336,7 @@ def convert_tasks(paths: list[Path]) -> Conversion:
             continue
         seen[iid] = task_dir
         result.records.append(rec)
+        result.warnings += history.task_warnings(task_dir, iid, rec["metadata"]["history"])
     result.records.sort(key=lambda r: r["metadata"]["instance_id"])
     return result
 
@@ -370,6 +375,8 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"{args.out}: cannot write ({e.strerror})", file=sys.stderr)
         return 1
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     for error in result.errors:
         print(f"{'skipped' if args.on_error == 'skip' else 'error'}: {error}", file=sys.stderr)
     if result.errors and args.on_error == "fail":

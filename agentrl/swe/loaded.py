@@ -17,7 +17,7 @@ from typing import Any
 from .task import TaskSpec, decode_payload
 
 _SPEC_KEYS = ("instance_id", "image", "workdir", "eval_command", "timeouts", "resources", "base_commit",
-              "reset_to_base_commit", "files_to_exclude_from_patch")
+              "reset_to_base_commit", "history", "files_to_exclude_from_patch")
 
 
 

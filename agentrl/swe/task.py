@@ -14,7 +14,7 @@ import math
 import shlex
 import zlib
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
@@ -31,6 +31,14 @@ DECODE_COMMAND = "base64 -d | gunzip"
 # The most one file of a task may hold: a file read by `agentrl convert harbor`,
 # and a payload decoded from a JSONL line (so a small gzip cannot inflate to GBs).
 MAX_FILE_BYTES = 16 * 2**20
+
+
+# How much of the repository's git history the agent sees (agentrl.swe.history strips the rest at baseline):
+# "ancestry", HEAD and its ancestors; "head", HEAD's commit alone (a shallow clone of depth 1); "keep", the
+# image's .git as it is, whatever it holds beyond HEAD (the fix on a branch, a tag, a stash...).
+History = Literal["ancestry", "head", "keep"]
+HISTORIES: tuple[str, ...] = get_args(History)
+DEFAULT_HISTORY: History = "ancestry"
 
 
 class TaskSpecError(ValueError):
@@ -69,6 +77,7 @@ class TaskSpec(BaseModel):
     # Converted tasks start from the image as built; resetting would throw away
     # whatever the image's build put on top of base_commit.
     reset_to_base_commit: bool = False
+    history: History = DEFAULT_HISTORY
     files_to_exclude_from_patch: list[str] = Field(default_factory=list)
 
     @field_validator("workdir")

@@ -21,7 +21,9 @@ from hpc.sandbox.bwrap import write_minimal_etc
 # What a sandbox itself runs (bwrap's init, exec, write_file), what an episode runs (git for the
 # baseline and the patch) and what the bundled tasks run (bash, python3).
 ESSENTIAL_BINS = ("bash", "sh", "dash", "true", "id", "cat", "sleep", "mkdir", "chmod", "dirname", "ls", "env",
-                  "rm", "touch", "cp", "stat", "chown", "grep", "sed", "git", "python3", "python3.11")
+                  "rm", "touch", "cp", "stat", "chown", "grep", "sed", "git", "python3", "python3.11",
+                  # what the sandbox's history stripping runs (agentrl/swe/sandbox_scripts/strip_history.sh)
+                  "find", "mv", "sort", "cut", "tr", "head")
 STDLIB_SKIP = {"__pycache__", "config-3.11-x86_64-linux-gnu", "idlelib", "tkinter", "turtledemo", "ensurepip"}
 # Bulk added after the essentials, entry by entry in this order, until the image is big enough.
 FILLERS = ("/usr/lib/python3", "/usr/bin", "/usr/sbin", "/usr/lib/x86_64-linux-gnu", "/usr/share", "/usr/lib")

@@ -253,7 +253,7 @@ def generate(opts: Options, progress: Callable[[str], None] = lambda s: None) ->
     for project, reqs in zip(projects, opts.requirements or [()] * len(projects), strict=True):
         if reqs:
             progress(f"{project.name}: fetching the wheels of {', '.join(reqs)}")
-        environments.append(fetch(reqs, base, opts.find_links) if reqs else None)
+        environments.append(fetch(reqs, base, opts.find_links, project) if reqs else None)
     require_images([(p, e) for p, e in zip(projects, environments, strict=True) if e is not None],
                    opts.image_cache, opts.out / WORK / ENVIRONMENTS)
     quotas = [opts.n // len(projects) + (i < opts.n % len(projects)) for i in range(len(projects))]

@@ -17,13 +17,15 @@ Validation runs in that same image, found in --image-cache by the name its tasks
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import re
 import subprocess
 import sys
 import tempfile
+import zipfile
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from hpc.fsio import write_atomic
 from hpc.images.cache import ImageCache
@@ -46,6 +48,11 @@ class Environment:
     requirements: tuple[str, ...]
     base: str
     wheels: dict[str, bytes]          # file name -> bytes, sorted
+    # Distributions the requirements install that hold the project's own modules (the project itself, from
+    # its wheel, as a dependency of a test tool or named by --with): removed again after the install, for
+    # their files are the unmutated code, the answer to every task of the source (`tasks check --leaks`).
+    # The tests import the project from the work tree, as they do without it.
+    uninstall: tuple[str, ...] = ()
 
     @property
     def runner(self) -> str:
@@ -60,8 +67,10 @@ class Environment:
         return (f"FROM {self.base}\n"
                 f"COPY {WHEELS}/ /tmp/agentrl-wheels/\n"
                 "RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-index --no-cache-dir "
-                f"--disable-pip-version-check --find-links /tmp/agentrl-wheels {reqs} && rm -rf /tmp/agentrl-wheels\n"
-                "WORKDIR /testbed\n")
+                f"--disable-pip-version-check --find-links /tmp/agentrl-wheels {reqs} && rm -rf /tmp/agentrl-wheels"
+                + ("".join(f" && PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip uninstall -y --disable-pip-version-check "
+                           f"{_quote(name)}" for name in self.uninstall))
+                + "\nWORKDIR /testbed\n")
 
     def context(self) -> dict[str, bytes]:
         """The build context, as a task's environment/ holds it (its testbed aside)."""
@@ -99,8 +108,36 @@ def check_requirement(requirement: str) -> str:
     return r
 
 
-def fetch(requirements: tuple[str, ...], base: str, find_links: Path | None = None) -> Environment:
-    """The requirements' wheels, their dependencies included, as pip downloads them for this Python."""
+def top_level_names(files) -> set[str]:
+    """The import names a set of paths provides at the top: a package's directory or a module's stem (a src/
+    layout's src/ and a wheel's .dist-info and .data left out)."""
+    names = set()
+    for rel in files:
+        parts = PurePosixPath(rel).parts
+        if parts and parts[0] == "src" and len(parts) > 1:
+            parts = parts[1:]
+        if not parts or parts[0].endswith((".dist-info", ".data")):
+            continue
+        if len(parts) > 1 or parts[0].endswith(".py"):
+            names.add(parts[0].removesuffix(".py"))
+    return names
+
+
+def shadowing(wheels: dict[str, bytes], project: Project) -> tuple[str, ...]:
+    """The distributions among `wheels` that install one of the project's own top-level modules."""
+    own = top_level_names(project.mutable())
+    found = []
+    for name, data in wheels.items():
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            if top_level_names(z.namelist()) & own:
+                found.append(name.split("-", 1)[0])
+    return tuple(sorted(found))
+
+
+def fetch(requirements: tuple[str, ...], base: str, find_links: Path | None = None,
+          project: Project | None = None) -> Environment:
+    """The requirements' wheels, their dependencies included, as pip downloads them for this Python; those
+    that install `project`'s own modules are uninstalled again in the image (Environment.uninstall)."""
     index = ["--no-index", "--find-links", str(find_links)] if find_links else []
     with tempfile.TemporaryDirectory(prefix="agentrl-wheels-") as tmp:
         r = subprocess.run([sys.executable, "-m", "pip", "download", "--only-binary", ":all:", "--quiet",
@@ -121,7 +158,7 @@ def fetch(requirements: tuple[str, ...], base: str, find_links: Path | None = No
     if sum(map(len, wheels.values())) > MAX_WHEEL_BYTES:
         raise SourceError(f"--with {' '.join(requirements)}: the wheels take more than {MAX_WHEEL_BYTES >> 20} MiB, "
                           "which every task would carry: put them in the base image (--base-image) instead")
-    return Environment(requirements, base, wheels)
+    return Environment(requirements, base, wheels, shadowing(wheels, project) if project is not None else ())
 
 
 def work_name(project: Project, environment: Environment | None) -> str:

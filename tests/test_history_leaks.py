@@ -118,7 +118,7 @@ def test_conversion_and_image_builds_warn_of_history_beyond_head_and_launch_of_a
     assert 'history = "keep"' in warned["tag-keep"] and "1 tag" in warned["tag-keep"]
     records = [json.loads(line)["metadata"] for line in jsonl.read_text().splitlines()]
     assert {m["instance_id"]: m["history"] for m in records} == {
-        "branch": "ancestry", "submodule": "ancestry", "tag-keep": "keep", "roman-subtractive": "ancestry"}
+        "branch": "head", "submodule": "head", "tag-keep": "keep", "roman-subtractive": "head"}
     assert "tag-keep" in history.keep_warning(jsonl) and "1 task(s)" in history.keep_warning(jsonl)
     (tmp_path / "clean.jsonl").write_text("".join(line + "\n" for line in jsonl.read_text().splitlines()
                                                   if '"keep"' not in line))
@@ -139,33 +139,56 @@ def _cli(*args, timeout=900):
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
-@needs_bwrap
-def test_the_answer_in_git_history_earns_nothing_by_default_and_the_audit_finds_it_when_kept(tmp_path):
-    from hpc.images.hostroot import build_host_rootfs
+def _git_history_hack(tasks: list[Path]) -> dict[tuple[str, str], float | None]:
+    from agentrl.swe import hacks
+    from agentrl.swe.loaded import load_tasks
 
-    build_host_rootfs(tmp_path / "rootfs")
-    default = [make_task(tmp_path, r) for r in ROUTES]
-    kept = [make_task(tmp_path, r, history="keep") for r in ROUTES]
-    copy = make_task(tmp_path, FILE_ROUTE, image=str(tmp_path / "rootfs"))
-    r = _cli(*default, *kept, copy, BUNDLED_TASKS / "roman-subtractive", "--hacks-only", "--hack", "git-history",
-             "--leaks", "--json", "--concurrency", "2")
-    assert r.returncode == 1, r.stderr[-3000:]
-    result = json.loads(r.stdout.strip().splitlines()[-1])
-    rewards = {(h["instance_id"], h["grading"]): h["reward"] for h in result["hacks"]}
+    rows = asyncio.run(asyncio.wait_for(hacks.check_hacks(load_tasks(list(map(str, tasks))),
+                                                           [hacks.BY_NAME["git-history"]], "both", 2), 300))
+    return {(r.instance_id, r.grading): r.reward for r in rows}
+
+
+@needs_bwrap
+def test_the_answer_in_git_history_earns_nothing_by_default_and_everything_when_kept(tmp_path):
+    rewards = _git_history_hack([make_task(tmp_path, r, history=h) for r in ROUTES for h in (None, "keep")])
     for route in ROUTES:
         for mode in ("isolated", "same"):
             assert rewards[(route, mode)] == 0.0, f"{route} {mode}: the stripped history still held the fix"
             assert rewards[(f"{route}-keep", mode)] == 1.0, f"{route}-keep {mode}: the hack is a dud"
+
+
+@needs_bwrap
+def test_the_audit_finds_the_answer_on_every_kept_route_and_in_site_packages(tmp_path):
+    """The search is the costly part (a walk of the image, about 4 s a task): the kept routes, where it must
+    find the fix, two stripped ones and a bundled task, where it must not, and a copy in an image's
+    site-packages, which no history setting removes."""
+    from hpc.images.hostroot import build_host_rootfs
+
+    build_host_rootfs(tmp_path / "rootfs")
+    kept = [make_task(tmp_path, r, history="keep") for r in ROUTES]
+    stripped = [make_task(tmp_path, r) for r in ("submodule", "dangling-pack")]
+    copy = make_task(tmp_path, FILE_ROUTE, image=str(tmp_path / "rootfs"))
+    r = _cli(*kept, *stripped, copy, BUNDLED_TASKS / "roman-subtractive", "--hacks-only", "--hack", "git-history",
+             "--grading", "same", "--leaks", "--json", "--concurrency", "2")
+    assert r.returncode == 1, r.stderr[-3000:]
+    result = json.loads(r.stdout.strip().splitlines()[-1])
     found = {row["instance_id"]: row for row in result["leaks"]}
     for route in ROUTES:
-        assert found[route]["leaks"] == [] and not found[route]["problem"], found[route]
         (leak, *more) = found[f"{route}-keep"]["leaks"]
         assert leak["file"] == FIXED_FILE and leak["how"] == "the fixed file" and "git /testbed/.git" in leak["place"]
+    for name in ("submodule", "dangling-pack", "roman-subtractive"):
+        assert found[name]["leaks"] == [] and not found[name]["problem"], found[name]
     assert found[FILE_ROUTE]["leaks"] == [{"instance_id": FILE_ROUTE, "file": FIXED_FILE, "how": "the fixed file",
                                            "place": f"/usr/local/lib/python3/site-packages/{FIXED_FILE}"}]
-    assert found["roman-subtractive"]["leaks"] == []
-    assert result["flagged"] == len(ROUTES) * 3 + 1           # each kept route: two hack runs and a leak
+    # one audit run covers both: the git route is in the hack set too, and fools the kept routes' grader
+    assert result["flagged"] == len(ROUTES) * 2 + 1
     assert "refs/tags/v1.0.1" in r.stdout and "an unreachable object" in r.stdout and "refs/stash" in r.stdout
+
+
+@needs_bwrap
+def test_a_task_that_keeps_heads_ancestry_holds_no_answer_either(tmp_path):
+    rewards = _git_history_hack([make_task(tmp_path, r, history="ancestry") for r in ROUTES])
+    assert rewards == {(f"{route}-ancestry", mode): 0.0 for route in ROUTES for mode in ("isolated", "same")}
 
 
 MUTANT_KEEPS_TAGS = (   # the ancestry pack also takes the tags' objects, and the tags stay
@@ -179,7 +202,7 @@ def test_stripping_that_keeps_one_ref_kind_is_caught(tmp_path, monkeypatch):
     from agentrl.swe import hacks
     from agentrl.swe.loaded import load_tasks
 
-    tasks = load_tasks([str(make_task(tmp_path, "tag"))])
+    tasks = load_tasks([str(make_task(tmp_path, "tag", history="ancestry"))])
 
     def rewards() -> list[float | None]:
         rows = asyncio.run(asyncio.wait_for(hacks.check_hacks(tasks, [hacks.BY_NAME["git-history"]], "same"), 300))

@@ -27,6 +27,7 @@ SKIP = ("/proc", "/sys", "/dev", "/run")
 LEFTOVER = (".orig", ".rej", ".bak", "~", ".patch", ".diff", ".swp")
 ARCHIVES = (".whl", ".zip", ".egg", ".jar", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz",
             ".conda")
+CACHES = {".cache", "cache", "pip", "uv", "pkgs", "http", "http-v2", "wheels"}
 MAX_FILE = 64 << 20
 MAX_BLOB = 4 << 20
 GIT = ["git", "-c", "safe.directory=*", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null"]
@@ -77,6 +78,12 @@ def is_archive(name):
     return name.endswith(ARCHIVES)
 
 
+def in_cache(directory):
+    """A package cache (pip's http cache keeps wheels under hashed names, uv's and conda's too), not a
+    __pycache__."""
+    return bool(CACHES.intersection(directory.split("/")))
+
+
 def check_archive(out, fixes, path):
     names = {f.name for f in fixes}
     try:
@@ -91,7 +98,7 @@ def check_archive(out, fixes, path):
                     elif is_archive(base) and info.file_size <= MAX_FILE:   # a wheel inside a conda package
                         inner = z.read(info)
                         check_inner(out, fixes, inner, f"{path} (member {info.filename})")
-        elif tarfile.is_tarfile(path):
+        elif name_is_tar(path) and tarfile.is_tarfile(path):
             with tarfile.open(path) as t:
                 for m in t:
                     member = t.extractfile(m) if m.isfile() and m.size <= MAX_FILE else None
@@ -99,6 +106,10 @@ def check_archive(out, fixes, path):
                         check_bytes(out, fixes, member.read(), f"{path} (member {m.name})")
     except (OSError, zipfile.BadZipFile, tarfile.TarError, EOFError, RuntimeError, ValueError):
         pass
+
+
+def name_is_tar(path):
+    return path.endswith((".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz"))
 
 
 def check_inner(out, fixes, data, place):
@@ -213,7 +224,7 @@ def main():
                 data = read(path)
                 if data is not None:
                     check_bytes(out, fixes, data, path)
-            elif is_archive(name) or "cache" in top.lower():
+            elif is_archive(name) or in_cache(top):
                 check_archive(out, fixes, path)
             elif name.endswith((".patch", ".diff", ".rej")):
                 data = read(path)

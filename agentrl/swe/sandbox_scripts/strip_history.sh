@@ -39,9 +39,12 @@ strip() {
     [ ! -f "$common/config" ] || cp "$common/config" "$new/config"
     [ ! -f "$old/config.worktree" ] || cp "$old/config.worktree" "$new/config.worktree"
     # a linked worktree's config names its main repository's layout; ours is a repository of its own
-    g config --file "$new/config" --unset-all extensions.refstorage 2>/dev/null || true
-    g config --file "$new/config" --unset-all extensions.partialclone 2>/dev/null || true
-    g config --file "$new/config" --bool core.bare false 2>/dev/null || true
+    # (grep first: each git spawned is time every attempt pays)
+    if [ -f "$new/config" ] && grep -qi 'refstorage\|partialclone\|bare *= *true' "$new/config"; then
+        g config --file "$new/config" --unset-all extensions.refstorage 2>/dev/null || true
+        g config --file "$new/config" --unset-all extensions.partialclone 2>/dev/null || true
+        g config --file "$new/config" --bool core.bare false 2>/dev/null || true
+    fi
     for f in info/exclude info/attributes info/sparse-checkout description; do
         [ ! -f "$common/$f" ] || cp "$common/$f" "$new/$f"
     done
@@ -58,8 +61,10 @@ strip() {
                           done < "$common/shallow" > "$new/shallow"
                           [ -s "$new/shallow" ] || rm -f "$new/shallow"
                       fi ;;
+            # no delta search, light compression: this pack lives as long as the attempt
             head) g --git-dir="$old" rev-list --objects --no-walk "$head" | cut -d' ' -f1 \
-                      | g --git-dir="$old" pack-objects --quiet --window=0 "$new/objects/pack/pack" > /dev/null
+                      | g --git-dir="$old" -c pack.compression=1 pack-objects --quiet --window=0 \
+                          "$new/objects/pack/pack" > /dev/null
                   printf '%s\n' "$head" > "$new/shallow" ;;
         esac
         if [ -n "$ref" ]; then

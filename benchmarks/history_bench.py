@@ -36,6 +36,7 @@ import sysconfig
 import tempfile
 import time
 
+from agentrl.swe.task import DEFAULT_HISTORY
 from benchmarks.common import percentile
 
 TARGET_ADDED_S = 2.0
@@ -177,10 +178,10 @@ def main() -> int:
         added = p50 - base
         ratio = added / base
         good = added < TARGET_ADDED_S and ratio < TARGET_RATIO
-        ok &= good if mode == "ancestry" else True
+        ok &= good or mode != DEFAULT_HISTORY      # the default must meet the goal; the other is for the docs
         result["modes"][mode] = {"boot_p50_s": round(p50, 3), "added_s": round(added, 3), "ratio": round(ratio, 3),
                                  "meets_goal": good}
-        print(f"  {mode:<9} {p50:6.2f} s   added {added:+.2f} s   ratio added/boot {ratio:+.1%}   "
+        print(f"  {mode + (' (the default)' if mode == DEFAULT_HISTORY else ''):<23} {p50:6.2f} s   added {added:+.2f} s   ratio added/boot {ratio:+.1%}   "
               f"goal < {TARGET_ADDED_S:g} s and < {TARGET_RATIO:.0%}: {'met' if good else 'NOT met'}")
     if args.json:
         print(json.dumps(result))

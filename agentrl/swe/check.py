@@ -14,9 +14,10 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hpc.images.cache import ImageCache
 from hpc.sandbox.base import SandboxError
@@ -25,6 +26,8 @@ from hpc.sandbox.factory import Runtime
 from . import episode
 from .loaded import LoadedTask, load_tasks, materialize
 from .sandboxes import task_sandbox
+
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -92,17 +95,23 @@ async def check_task(task: LoadedTask, where: Where = Where()) -> CheckRow:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-async def check_tasks(tasks: list[LoadedTask], concurrency: int = 2, where: Where = Where(),
-                      progress=None) -> list[CheckRow]:
+async def each_task(tasks: list[LoadedTask], check: Callable[[LoadedTask], Awaitable[R]], concurrency: int,
+                    progress: Callable[[R], None] | None = None) -> list[R]:
+    """`check` of every task, `concurrency` at once, in the tasks' order; `progress` of each as it ends."""
     sem = asyncio.Semaphore(concurrency)
 
-    async def one(t: LoadedTask) -> CheckRow:
+    async def one(t: LoadedTask) -> R:
         async with sem:
-            row = await check_task(t, where)
+            row = await check(t)
         if progress:
             progress(row)
         return row
     return list(await asyncio.gather(*(one(t) for t in tasks)))
+
+
+async def check_tasks(tasks: list[LoadedTask], concurrency: int = 2, where: Where = Where(),
+                      progress=None) -> list[CheckRow]:
+    return await each_task(tasks, lambda t: check_task(t, where), concurrency, progress)
 
 
 def render_table(rows: list[CheckRow]) -> str:

@@ -12,7 +12,6 @@ how it matched; a task with one fails the check, as a fooled grader does.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import shutil
@@ -24,7 +23,7 @@ from pathlib import Path
 from hpc.sandbox.base import SandboxError
 
 from . import episode
-from .check import Where
+from .check import Where, each_task
 from .loaded import LoadedTask, materialize
 from .sandboxes import task_sandbox
 
@@ -128,15 +127,7 @@ async def check_task(task: LoadedTask, where: Where | None = None) -> LeakCheck:
 
 async def check_leaks(tasks: list[LoadedTask], concurrency: int = 2, where: Where | None = None,
                       progress=None) -> list[LeakCheck]:
-    sem = asyncio.Semaphore(concurrency)
-
-    async def one(t: LoadedTask) -> LeakCheck:
-        async with sem:
-            row = await check_task(t, where)
-        if progress:
-            progress(row)
-        return row
-    return list(await asyncio.gather(*(one(t) for t in tasks)))
+    return await each_task(tasks, lambda t: check_task(t, where), concurrency, progress)
 
 
 def render_table(rows: list[LeakCheck]) -> str:

@@ -48,6 +48,8 @@ def test_stripping_leaves_no_object_ref_or_reflog_beyond_head_on_any_route(tmp_p
         head = git(repo, "rev-parse", "HEAD").strip()
         if route != "submodule":     # the fixture is a leak: objects beyond HEAD's
             assert _all_objects(repo / ".git") > _ids(repo, "rev-list", "--objects", "HEAD"), route
+        (repo / ".git/hooks").mkdir(exist_ok=True)
+        (repo / ".git/hooks/post-checkout").write_text("#!/bin/sh\necho the image's hook\n")
         r = _strip(repo, mode)
         assert r.returncode == 0, f"{route}: {r.stderr}"
         gits = [repo / ".git", *([repo / ".git/modules/upstream"] if route == "submodule" else [])]
@@ -63,6 +65,8 @@ def test_stripping_leaves_no_object_ref_or_reflog_beyond_head_on_any_route(tmp_p
             assert not any((g / n).exists()
                            for n in ("ORIG_HEAD", "FETCH_HEAD", "MERGE_HEAD", "objects/info/alternates")), route
             assert git(work, "fsck", "--unreachable", "--no-reflogs", "--no-progress").strip() == "", route
+            # as git init leaves it: empty, for the agent's own hooks (never run as root: test_sandbox_attacks)
+            assert (g / "hooks").is_dir() and not any((g / "hooks").iterdir()), f"{route}: the image's hooks stayed"
         assert git(repo, "rev-parse", "HEAD").strip() == head, f"{route}: HEAD moved"
         assert git(repo, "status", "--porcelain").strip() == "", f"{route}: the work tree looks changed"
         if mode == "head":

@@ -35,7 +35,8 @@ strip() {
     ref=$(g --git-dir="$old" symbolic-ref -q HEAD 2>/dev/null) || ref=
     common=$old
     [ ! -f "$old/commondir" ] || common=$(cd "$old" && cd "$(cat commondir)" && pwd)
-    mkdir -p "$new/objects/pack" "$new/objects/info" "$new/refs/heads" "$new/refs/tags" "$new/info"
+    # hooks/ as git init leaves it, empty: the image's hooks stay behind, the agent may still write its own
+    mkdir -p "$new/objects/pack" "$new/objects/info" "$new/refs/heads" "$new/refs/tags" "$new/info" "$new/hooks"
     [ ! -f "$common/config" ] || cp "$common/config" "$new/config"
     [ ! -f "$old/config.worktree" ] || cp "$old/config.worktree" "$new/config.worktree"
     # a linked worktree's config names its main repository's layout; ours is a repository of its own

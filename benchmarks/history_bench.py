@@ -147,7 +147,7 @@ async def boot(repo: Path, history: str) -> float:
     return took
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "agentrl-history-bench")
     ap.add_argument("--rounds", type=int, default=5)
@@ -156,7 +156,9 @@ def main() -> int:
     ap.add_argument("--tags", type=int, default=200)
     ap.add_argument("--quick", action="store_true", help="a small repository and 2 rounds (a smoke run)")
     ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if min(args.rounds, args.commits) < 1 or min(args.branches, args.tags) < 0:
+        ap.error("--rounds and --commits must be at least 1, --branches and --tags at least 0")
     if args.quick:
         args.rounds, args.commits, args.branches, args.tags = 2, 200, 4, 10
     if os.geteuid() != 0 or shutil.which("bwrap") is None:

@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from ci import skip_or_fail, under_ci
 
 from agentrl.swe.harbor import BUNDLED_TASKS
 
@@ -20,7 +21,7 @@ CLUSTER_DIR = Path(os.environ.get("AGENTRL_CLUSTER_DIR",
 def pytest_sessionstart(session):
     """Under CI every test this machine can run must run: without bubblewrap the sandbox tests would only
     skip, so CI fails at once instead, as it does when the local Slurm cluster is not up."""
-    if os.environ.get("CI") and shutil.which("bwrap") is None:
+    if under_ci() and shutil.which("bwrap") is None:
         pytest.exit("CI must run the sandbox tests: bubblewrap is not installed (make sysdeps)", returncode=1)
 
 
@@ -96,9 +97,7 @@ def slurm_conf() -> Path:
         if r.returncode != 0:
             problem = f"the local Slurm cluster does not answer ({r.stderr.strip()}): run `agentrl cluster up`"
     if problem:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the Slurm tests: {problem}")
-        pytest.skip(problem)
+        skip_or_fail("the Slurm tests", problem)
     return conf
 
 
@@ -119,9 +118,7 @@ def cluster_shared(slurm_conf, tmp_path):
     if path is None or not os.path.ismount(path):
         where = "" if path is None else f" ({path} is not mounted)"
         problem = f"the local Slurm cluster has no shared filesystem{where}: run `agentrl cluster up --shared`"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the shared-filesystem tests: {problem}")
-        pytest.skip(problem)
+        skip_or_fail("the shared-filesystem tests", problem)
     where = path / f"{os.getpid()}-{tmp_path.name}"
     where.mkdir()
     yield where

@@ -5,9 +5,8 @@ Skips where GlusterFS cannot run; under CI that fails instead (tools/sysdeps.sh 
 
 from __future__ import annotations
 
-import os
-
 import pytest
+from ci import skip_or_fail
 
 from hpc.localcluster import glusterfs
 
@@ -15,9 +14,7 @@ from hpc.localcluster import glusterfs
 def _volume(tmp_path_factory, name: str, cache_s: float | None):
     why = glusterfs.missing()
     if why:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the shared-filesystem tests: {why}")
-        pytest.skip(why)
+        skip_or_fail("the shared-filesystem tests", why)
     root = tmp_path_factory.mktemp(name)
     vol = glusterfs.up(root, clients=2, cache_s=cache_s)
     return root, vol

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.distributed as dist
+from ci import require_module
 
 
 @contextlib.contextmanager
@@ -57,6 +58,6 @@ def model_parallel(tensor_parallel_size: int = 1, *, rank: int = 0, world_size: 
 @pytest.fixture
 def megatron_cpu() -> Iterator[None]:
     """One rank, tensor_parallel_size 1, with the CUDA touch points patched for the test."""
-    pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e .[megatron])")
+    require_module("megatron.core", "the Megatron CPU tests", "pip install -e '.[megatron]'")
     with cuda_touch_points_on_cpu(), model_parallel():
         yield

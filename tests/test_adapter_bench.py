@@ -20,9 +20,17 @@ def test_adapter_benchmark_prints_figures_beside_the_whole_chat_baseline(tmp_pat
     for row in results["overhead"]:
         assert row["figure"]["history_tokens"] >= row["figure"]["size"]
         assert 0 < row["figure"]["p50_s"] and 0 < row["baseline"]["p50_s"]
+    # the printed ratios are the figures' own: each size's figure / baseline, and the growth from the first
+    # size to the last
+    for row in results["overhead"]:
+        ratio = row["figure"]["p50_s"] / row["baseline"]["p50_s"]
+        assert f"{row['figure']['history_tokens']:>9} " in r.stdout and f" {ratio:>7.3f}\n" in r.stdout + "\n"
+    first, last = (results["overhead"][i]["figure"] for i in (0, -1))
+    assert results["growth"] == pytest.approx(last["p50_s"] / first["p50_s"])
+    assert f": {results['growth']:.2f}x (target <= 1.3x)" in r.stdout
     tp = results["throughput"]
     assert tp["figure"]["turns_per_s"] > 0 and tp["baseline"]["turns_per_s"] > 0
-    assert any("ratio" in line for line in lines) and "target <= 1.3x" in r.stdout
+    assert f"ratio {tp['figure']['turns_per_s'] / tp['baseline']['turns_per_s']:.2f}" in r.stdout
 
 
 def test_adapter_benchmark_refuses_bad_arguments():

@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from ci import skip_or_fail
 from scripted_upstream import ScriptedUpstream, assert_one_exact_sample
 
 from agentrl.adapter.serve import AdapterServer
@@ -28,9 +29,7 @@ def cli(name: str) -> Path:
     path = BIN / name
     if not path.exists():
         problem = f"{path} is missing: run `make clis`"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the agent CLI tests: {problem}")
-        pytest.skip(problem)
+        skip_or_fail("the agent CLI tests", problem)
     return path
 
 

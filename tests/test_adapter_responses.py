@@ -9,9 +9,9 @@ and `store: false`).
 
 import asyncio
 import json
-import os
 
 import pytest
+from ci import skip_or_fail
 from test_adapter_app import CTL, STEPS, assert_one_exact_sample, call, finish, logprob, make, open_session
 
 from agentrl.adapter.app import CONTROL_HEADER, create_app
@@ -35,9 +35,7 @@ def openai_sdk():
     try:
         import openai
     except ImportError:
-        if os.environ.get("CI"):
-            pytest.fail("CI must run the OpenAI SDK tests: the openai package is missing (setup.cfg's dev extra)")
-        pytest.skip("the openai package is not installed")
+        skip_or_fail("the OpenAI SDK tests", "the openai package is not installed (setup.cfg's dev extra)")
     return openai
 
 

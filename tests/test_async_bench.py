@@ -64,6 +64,12 @@ def test_one_rollout_ahead_overlaps_and_trains_more_samples_per_hour(work):
     assert ahead["idle_share"] < sync["idle_share"]
     assert ahead["ratio"] == pytest.approx(ahead["samples_per_hour"] / sync["samples_per_hour"], rel=0.01)
     assert ahead["ratio"] > 1.2
+    # each verdict is the one its figures give, printed as such
+    gain = ahead["samples_per_hour"] / sync["samples_per_hour"]
+    assert out["targets"] == {"k=1 samples/h >= 1.8x k=0": gain >= 1.8, "k=1 idle <= 10%": ahead["idle_share"] <= 0.1}
+    assert f"k=1 samples/h >= 1.8x k=0: {gain:.2f}x, {'met' if gain >= 1.8 else 'NOT met'}" in p.stdout
+    assert f"k=1 idle <= 10%: {ahead['idle_share']:.1%}, {'met' if ahead['idle_share'] <= 0.1 else 'NOT met'}" \
+        in p.stdout
     assert processes_under(work) == []      # the launcher stopped every role
 
 

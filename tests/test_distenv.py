@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ci import skip_or_fail
 
 from hpc.launch import distenv
 from hpc.launch.distenv import (
@@ -191,9 +192,7 @@ def mpirun() -> str:
     elif importlib.util.find_spec("mpi4py") is None:
         problem = "mpi4py is missing: .venv/bin/pip install 'agentrl-hpc[mpi]'"
     if problem:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the MPI test: {problem}")
-        pytest.skip(problem)
+        skip_or_fail("the MPI test", problem)
     return shutil.which("mpirun")
 
 

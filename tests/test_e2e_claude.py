@@ -8,7 +8,6 @@ token must be a token the model sampled, in the order it was sampled.
 """
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from ci import skip_or_fail
 
 from agentrl.sample import SAMPLE_CODEC
 from agentrl.swe.harbor import BUNDLED_TASKS
@@ -51,9 +51,7 @@ def spans(mask: np.ndarray, tokens: np.ndarray) -> list[tuple[int, ...]]:
 def test_three_training_steps_with_claude_code_on_slurm(slurm_env, tiny_model, tmp_path):
     if shutil.which("bwrap") is None or not CLAUDE.exists():
         problem = "needs bubblewrap (make sysdeps) and Claude Code (make clis)"
-        if os.environ.get("CI"):
-            pytest.fail(problem)
-        pytest.skip(problem)
+        skip_or_fail("the Claude Code end-to-end test", problem)
     prompts = tmp_path / "prompts.jsonl"
     subprocess.run([sys.executable, "-m", "agentrl.cli", "convert", "harbor", str(BUNDLED_TASKS / "roman-subtractive"),
                     "--out", str(prompts)], check=True, capture_output=True, cwd=ROOT)

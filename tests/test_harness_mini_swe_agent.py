@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from ci import skip_or_fail
 from sandboxed_session import TASK, run_in_bwrap
 from scripted_upstream import ScriptedUpstream, logprob
 
@@ -100,9 +101,7 @@ def tools_dir(tmp_path_factory) -> Path:
     """A tools directory filled by the harness's own install (a copy of `make clis`'s build)."""
     if not mini_ready(CHECKOUT_MINI):
         problem = f"{CHECKOUT_MINI} does not run mini-swe-agent {VERSION}: run `make clis`"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the agent CLI tests: {problem}")
-        pytest.skip(problem)
+        skip_or_fail("the agent CLI tests", problem)
     tools = tmp_path_factory.mktemp("tools")
     tools.chmod(0o755)     # the sandbox's agent (uid 1000) enters it
     get_harness("mini_swe_agent").install(tools)

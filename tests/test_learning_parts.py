@@ -82,6 +82,38 @@ def test_the_bench_takes_its_harness_defaults_where_not_given_and_the_given_valu
     assert set(bench.HARNESS_DEFAULTS) == set(bench.HARNESSES)
 
 
+def _est(value: float, low: float, high: float):
+    from agentrl.eval.stats import Estimate
+    return Estimate(value / 100, low / 100, high / 100, 160, 80)
+
+
+@pytest.mark.parametrize("harness,gain,minutes", [("builtin", 25, 20), ("mini_swe_agent_text", 20, 45)])
+def test_the_bench_meets_a_target_only_where_the_figures_and_their_intervals_clear_its_thresholds(
+        harness, gain, minutes):
+    bench = load("benchmarks/learning_bench.py")
+    def verdicts(g, c=None, seconds=60.0):
+        diff = {"GRPO - warm start": _est(*g), **({"control - warm start": _est(*c)} if c else {})}
+        return bench.verdicts(harness, diff, seconds)
+    names = {"gain": f"gain >= {gain} points", "low": "gain's 95% interval low end >= 10 points",
+             "time": f"GRPO within {minutes} minutes", "drift": "|control drift| <= 5 points",
+             "interval": "control's 95% interval inside +-10 points"}
+    met = verdicts((gain + 5, 12, gain + 15), (-2, -8, 4))
+    assert met == dict.fromkeys(names.values(), True)
+    assert verdicts((gain + 5, 12, gain + 15)).keys() == {names["gain"], names["low"], names["time"]}
+    missed = {    # each figure just past its threshold misses its target alone
+        "gain": verdicts((gain - 0.5, 12, gain + 10), (-2, -8, 4)),
+        "low": verdicts((gain + 5, 9.5, gain + 15), (-2, -8, 4)),
+        "time": verdicts((gain + 5, 12, gain + 15), (-2, -8, 4), seconds=minutes * 60 + 1),
+        "drift": verdicts((gain + 5, 12, gain + 15), (-5.5, -9, 1)),
+        "interval": verdicts((gain + 5, 12, gain + 15), (-2, -10.5, 4)),
+    }
+    for which, got in missed.items():
+        assert [n for n, ok in got.items() if not ok] == [names[which]], which
+    # an interval ending at -10 exactly holds; one a hair wider misses
+    assert verdicts((gain + 5, 12, gain + 15), (-3.8, -10.0, 2.5))[names["interval"]]
+    assert not verdicts((gain + 5, 12, gain + 15), (-3.8, -10.1, 2.5))[names["interval"]]
+
+
 def test_the_bench_passes_its_kl_coef_to_both_runs_and_refuses_a_negative_one(tmp_path, capsys):
     from agentrl.run_config import load_run_config
     bench = load("benchmarks/learning_bench.py")

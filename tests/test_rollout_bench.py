@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from ci import skip_or_fail
 
 pytestmark = pytest.mark.integration
 
@@ -26,9 +27,7 @@ def runnable():
     elif missing := [t for t in ("bwrap", "nsenter") if shutil.which(t) is None]:
         why = f"the rollout benchmark needs {' and '.join(missing)} (make sysdeps)"
     if why:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true and {why}")
-        pytest.skip(why)
+        skip_or_fail("the rollout benchmark's test", why)
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import subprocess
 import time
 
 import pytest
+from ci import skip_or_fail
 
 from agentrl.rollout.attempt import InfraError, _broken_by_agent
 from hpc.images.hostroot import build_host_rootfs
@@ -19,8 +20,14 @@ from hpc.sandbox.storage import disk_unsupported
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0,
                                 reason="needs bubblewrap (make sysdeps) and root for the sandbox's uid range")]
 MIB = 1 << 20
-# Every mode this node supports (CI's machines have loop devices; a node without them has tmpfs only)
-MODES = ["tmpfs"] + (["disk"] if disk_unsupported() is None else [])
+MODES = ["tmpfs", "disk"]
+
+
+def needs_mode(mode: str) -> None:
+    """A disk-backed case needs loop devices and mkfs.ext4: CI's machines have them (a node without them
+    has tmpfs only, where the disk cases skip, saying why)."""
+    if mode == "disk" and (why := disk_unsupported()) is not None:
+        skip_or_fail("the disk-backed storage tests", f"this node cannot back a sandbox with a disk: {why}")
 WRITE = ("python3 -c \"import os, sys\nf = open(sys.argv[1], 'wb')\n"
          "for _ in range({mb}): f.write(os.urandom(1 << 20))\" {path}")
 
@@ -42,6 +49,7 @@ def rootfs(tmp_path_factory):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_writing_past_storage_is_no_space_left_wherever_it_can_write_and_the_sandbox_carries_on(mode, rootfs, tmp_path):
+    needs_mode(mode)
     (tmp_path / "repo").mkdir()
     spec = SandboxSpec(rootfs=rootfs, workdir_source=str(tmp_path / "repo"), storage=mode,
                        limits=Limits(memory_mb=256, storage_mb=48), root_dirs=("/var/lib/agentrl",))
@@ -64,14 +72,13 @@ def test_writing_past_storage_is_no_space_left_wherever_it_can_write_and_the_san
     assert again.stdout == b"still here\n" and after.alive and after.limits_hit() == () and not after.oom_kills
 
 
-@pytest.mark.skipif("disk" not in MODES, reason="this node has no loop devices or mkfs.ext4: its sandboxes' "
-                                                 "disks are tmpfs")
 @pytest.mark.parametrize("mode", ["disk", "tmpfs"])
 def test_storage_above_memory_holds_what_is_written_on_disk_not_in_ram(mode, tmp_path):
     """Harbor's defaults give more storage than memory. On a disk image 640 MiB go to a work tree
     in a 256 MiB sandbox and its RAM stays where it was; on tmpfs (the fallback) the same write
     meets the OOM killer and leaves the memory held, the cost the fallback's warning names. Either
     way the killer spares init (head's few pages are no bigger than init's: it once took init)."""
+    needs_mode(mode)
     (tmp_path / "repo").mkdir()
     spec = SandboxSpec(workdir_source=str(tmp_path / "repo"), storage=mode,
                        limits=Limits(memory_mb=256, storage_mb=1024))
@@ -134,8 +141,7 @@ def test_a_sandbox_that_fails_with_no_limit_hit_is_an_infrastructure_failure_and
 
 
 def test_no_loop_device_outlives_its_sandbox(tmp_path):
-    if "disk" not in MODES:
-        pytest.skip("this node has no loop devices: nothing to leak")
+    needs_mode("disk")
     async def go():
         spec = SandboxSpec(storage="disk", scratch_dir=str(tmp_path), limits=Limits(storage_mb=64))
         async with BwrapSandbox(spec) as stopped, BwrapSandbox(spec) as killed:

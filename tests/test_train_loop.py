@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ci import require_module
 from fake_pool import FakePool
 
 from agentrl.run_config import RunConfigError, role_config
@@ -248,7 +249,7 @@ def test_colocated_servers_release_memory_only_after_the_rollout_closes(tiny_mod
 
 
 def test_metrics_also_go_to_an_offline_wandb_run(tiny_model, prompts, tmp_path):
-    pytest.importorskip("wandb", reason="wandb is not installed (pip install -e .[wandb])")
+    require_module("wandb", "the offline W&B test", "pip install -e '.[wandb]'")
     run = RunLayout.create(tmp_path / "run")
     with FakePool(run.root):
         Trainer(run, config(tiny_model, prompts, num_rollouts=2, tracking={"wandb": "offline"})).train()

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from ci import require_module
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -24,7 +25,7 @@ pytest_plugins = ["tiny_assets", "megatron_cpu"]
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::Warning:megatron"),
               pytest.mark.filterwarnings("ignore:.*ShardedTensor:FutureWarning")]
 
-NO_MEGATRON = "megatron-core is not installed (pip install -e .[megatron])"
+NO_MEGATRON = "pip install -e '.[megatron]'"
 
 
 @pytest.fixture(scope="module")
@@ -254,7 +255,7 @@ def _two_ranks(rank: int, tmp_path: Path, cfg: TrainConfig, batch: RolloutBatch,
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CPU tests patch CUDA calls)")
 def test_on_a_gpu_without_patches(cfg, batch, tmp_path):
-    pytest.importorskip("megatron.core", reason=NO_MEGATRON)
+    require_module("megatron.core", "the Megatron GPU tests", NO_MEGATRON)
     from megatron.core import parallel_state as mpu
 
     torch.cuda.set_device(0)
@@ -289,7 +290,7 @@ def test_the_trainer_loop_trains_checkpoints_and_resumes_with_megatron(megatron_
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CPU tests patch CUDA calls)")
 def test_the_trainer_loop_on_a_gpu_without_patches(tiny_model, tmp_path):
-    pytest.importorskip("megatron.core", reason=NO_MEGATRON)
+    require_module("megatron.core", "the Megatron GPU tests", NO_MEGATRON)
     from megatron.core import parallel_state as mpu
 
     torch.cuda.set_device(0)

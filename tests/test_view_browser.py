@@ -10,7 +10,6 @@ tmp_path. Without chromium the tests skip, except under CI, where they fail.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ci import skip_or_fail
 from view_runs import Script, make_rollout, new_run
 
 from agentrl.sample import SAMPLE_CODEC
@@ -52,9 +52,7 @@ def browser():
     if problem is None and (chromium is None or driver_path is None):
         problem = "chromium or chromedriver is not installed (make sysdeps: Debian's chromium, chromium-driver)"
     if problem:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the browser tests: {problem}")
-        pytest.skip(problem)
+        skip_or_fail("the browser tests", problem)
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from ci import skip_or_fail
 from view_runs import SYSTEM, CharTokenizer, Script, commit_attempt, make_rollout
 
 from agentrl.cli import main
@@ -113,9 +113,7 @@ def weave_client(tmp_path, monkeypatch):
         from weave.trace_server.sqlite_trace_server import SqliteTraceServer
     except ImportError as e:
         problem = f"weave's in-process trace server cannot be imported ({e}): {SERVER_SETUP}"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the Weave tests: {problem}")
-        pytest.skip(problem)
+        skip_or_fail("the Weave tests", problem)
 
     class Ids(IdConverter):
         """Project ids as weave's own test adapter writes them inside the server (base64); runs and users as given."""

@@ -75,6 +75,8 @@ class ScriptedUpstream:
         self.script: deque[Step] = deque(script)
         self.weight_version = weight_version
         self.requests: list[dict[str, Any]] = []
+        # the calls whose step ran to its answer (after its delay): a test orders events by it, not by the clock
+        self.answered: list[int] = []
         self.url = ""
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -137,6 +139,7 @@ class ScriptedUpstream:
                 delay_s = step.pop("delay_s", 0)
                 if delay_s:
                     await asyncio.sleep(delay_s)
+                self.answered.append(call)
                 if "fail" in step:
                     return _error(step["fail"], f"scripted failure of /generate call {call}")
                 return JSONResponse(self.reply(body, step))

@@ -269,6 +269,13 @@ def test_a_large_request_does_not_hold_up_other_sessions_and_its_memory_comes_ba
                 big_key = c.post("/_agentrl/open_session", json={}, headers=ctl).json()["key"]
                 for _ in range(5):   # warm up: imports, the tokenizer, the allocator's first arenas
                     assert c.post("/v1/messages", json=SMALL, headers={"x-api-key": small_key}).status_code == 200
+                # the slowest of 20 small turns alone, on this machine as loaded as it is now: the bound below
+                # scales with it
+                alone = []
+                for _ in range(20):
+                    t0 = time.perf_counter()
+                    assert c.post("/v1/messages", json=SMALL, headers={"x-api-key": small_key}).status_code == 200
+                    alone.append(time.perf_counter() - t0)
                 baseline, _ = rss_mib(proc.pid)
                 figures = {}
                 for name, body, how, status in bigs:
@@ -283,8 +290,12 @@ def test_a_large_request_does_not_hold_up_other_sessions_and_its_memory_comes_ba
     print(f"\nRSS baseline {baseline:.0f} MiB, after {after:.0f} MiB, peak {peak:.0f} MiB")
     for name, (took, n, worst) in figures.items():
         print(f"{name}: answered in {took:.2f} s; {n} small turns meanwhile, the slowest {worst * 1000:.0f} ms")
+    # a large body parsed on the event loop would hold every other turn for seconds; beside it a small turn
+    # may wait a little (1 s on a quiet machine), scaled by how slow one is alone here now
+    bound = max(1.0, 20 * max(alone))
+    print(f"a small turn alone: slowest {max(alone) * 1000:.0f} ms of 20; bound beside a large one {bound:.2f} s")
     for (name, _, _, status), (_, n, worst) in zip(bigs, figures.values(), strict=True):
-        assert worst < 1.0, f"{name}: a small turn of another session took {worst:.2f} s"
+        assert worst < bound, f"{name}: a small turn of another session took {worst:.2f} s"
         assert n >= 1 or status != 200, f"{name}: no small turn overlapped it"
     assert after - baseline < 256, f"RSS went from {baseline:.0f} MiB to {after:.0f} MiB and stayed there"
     assert peak - baseline < 2048

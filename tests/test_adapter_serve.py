@@ -2,7 +2,6 @@
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -61,22 +60,22 @@ def test_serve_command_refuses_bad_config_with_the_field_named(tmp_path):
 
 
 def test_a_client_hanging_up_aborts_its_turn_and_others_go_on(tiny_model):
-    with ScriptedUpstream(tiny_model, [dict(DONE, delay_s=3), DONE]) as upstream:
+    # the slow turn outlasts any delay a loaded machine adds: the abort must come while it is still on
+    with ScriptedUpstream(tiny_model, [dict(DONE, delay_s=60), DONE]) as upstream:
         adapter = Adapter(AdapterConfig(tokenizer=tiny_model, upstreams=[upstream.url]))
         with AdapterServer(adapter) as server:
             impatient = adapter.sessions.open().key
             patient = adapter.sessions.open().key
-            t0 = time.monotonic()
             try:
                 httpx.post(f"{server.url}/v1/messages", json=BODY, headers={"x-api-key": impatient}, timeout=0.5)
                 raise AssertionError("the slow turn answered")
             except httpx.TimeoutException:
                 pass
-            wait_until(lambda: adapter_stats(server)["client_aborts"] >= 1, 5, "the adapter to count the abort")
-            aborted_after = time.monotonic() - t0
+            wait_until(lambda: adapter_stats(server)["client_aborts"] >= 1, 30, "the adapter to count the abort")
+            answered_at_abort = list(upstream.answered)
             ok = httpx.post(f"{server.url}/v1/messages", json=BODY, headers={"x-api-key": patient}, timeout=30)
             stats = adapter_stats(server)
-    assert stats["client_aborts"] == 1 and aborted_after < 2.5      # not after the upstream's 3 s
+    assert stats["client_aborts"] == 1 and answered_at_abort == []      # counted before the model answered
     assert ok.status_code == 200
     assert adapter.sessions.get(impatient).tree.turns == 0         # an aborted turn is not recorded
     assert adapter.sessions.get(patient).tree.turns == 1

@@ -54,7 +54,9 @@ def test_one_rollout_ahead_overlaps_and_trains_more_samples_per_hour(work):
     for level in (sync, ahead):
         assert level["rollouts"] == 3 and level["steady_rollouts"] == 2     # every rollout trained
         assert level["samples_trained"] >= 4 and level["reward_mean"] == 1.0     # the scripted fix passed
-        assert level["train_s"] == pytest.approx(3, abs=0.5) and level["masked_tokens"] == 0
+        # the scripted step's 3 s, and less than twice it however loaded the machine (a step trained twice
+        # would be 6)
+        assert 3 <= level["train_s"] < 6 and level["masked_tokens"] == 0
         assert 0 <= level["idle_share"] < 1
     # k = 0: each rollout opens after the one before was trained, every token from the current weights
     assert sync["opened_ahead"] == 0 and set(sync["tokens_by_lag"]) == {"0"}

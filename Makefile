@@ -47,7 +47,7 @@ test-fast: sysdeps venv cluster-up clis
 # The non-slow tiers three times beside one busy process per core (tools/stress_tests.py, docs/testing.md): a
 # timing bound that holds only on a quiet machine fails here. About 45 minutes on 2 cores.
 test-stress: sysdeps venv cluster-up clis
-	$(BIN)/python tools/stress_tests.py --runs 3 $(if $(PYTEST_ARGS),-- $(PYTEST_ARGS))
+	$(BIN)/python tools/stress_tests.py --runs 3 --workers $(TEST_WORKERS) $(if $(PYTEST_ARGS),-- $(PYTEST_ARGS))
 
 # The unit tier: no root, no Slurm, no sandboxes or servers (a cluster login node); under 2 minutes on 2 cores.
 test-unit: venv

@@ -45,7 +45,7 @@ test-fast: sysdeps venv cluster-up clis
 	$(BIN)/pytest -m "not slow" --durations=10 $(PYTEST_ARGS)
 
 # The non-slow tiers three times beside one busy process per core (tools/stress_tests.py, docs/testing.md): a
-# timing bound that holds only on a quiet machine fails here. About 45 minutes on 2 cores.
+# timing bound that holds only on a quiet machine fails here. About an hour on 2 cores (20 minutes a run).
 test-stress: sysdeps venv cluster-up clis
 	$(BIN)/python tools/stress_tests.py --runs 3 --workers $(TEST_WORKERS) $(if $(PYTEST_ARGS),-- $(PYTEST_ARGS))
 

@@ -51,8 +51,8 @@ def run_once(workers: int, pytest_args: list[str],
         failed += [line.split(" - ")[0] for line in lines if line.startswith(("FAILED ", "ERROR "))]
         skipped += [line for line in lines if line.startswith("SKIPPED ")]
         these = counts(lines[-1]) if lines else {}
-        for kind, n in these.items():
-            found[kind] = found.get(kind, 0) + n
+        for kind, count in these.items():
+            found[kind] = found.get(kind, 0) + count
         if p.returncode not in (0, 1, 5) or (not these and p.returncode != 5):   # 5: nothing selected
             failed.append(f"pytest exited {p.returncode}: {(p.stdout + p.stderr)[-2000:]}")
     return found, time.monotonic() - t0, failed, skipped

@@ -60,14 +60,15 @@ def state(name):
     return json.load(open(p)) if os.path.exists(p) else None
 
 def alive(pid):
+    # A zombie is dead: the orphaned sleeper is reaped by the host's init, which may take seconds.
     try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
         return False
 
 args = sys.argv[1:]
-rec = {"argv": args, "env": dict(os.environ)}
+rec = {"argv": args, "env": dict(os.environ), "t": time.time()}
 opts, rest = parse(args[2:] if args[0] in ("instance", "overlay") else args[1:])
 if "--env-file" in opts:
     rec["env_file"] = open(opts["--env-file"][0]).read()
@@ -100,6 +101,8 @@ elif args[:2] == ["instance", "stop"]:
     while alive(st["pid"]):
         time.sleep(0.01)
     os.unlink(os.path.join(STATE, rest[0] + ".json"))
+    with open(os.path.join(STATE, "stopped.jsonl"), "a") as f:     # when each stop returned: a failure's story
+        f.write(json.dumps({"name": rest[0], "t": time.time()}) + "\n")
 elif args[0] == "exec" and rest[1:] == ["kill", "-9", "-1"]:
     pass    # in an instance this is its own pid namespace; on this host it would be every process
 elif args[0] == "exec":
@@ -186,8 +189,10 @@ def test_lifecycle_command_lines_and_no_host_environment(fake, repo, image, tmp_
     assert r.stdout.decode().splitlines()[1:] == ["t1 /home/agent", "none", "hello from the sandbox"]
     assert (fail.exit_code, fail.stderr) == (7, b"oops\n")
     log = calls()
+    stopped = fake[0] / "stopped.jsonl"
+    story = [(round(c["t"], 2), c["argv"]) for c in log] + [(stopped.read_text() if stopped.exists() else "")]
     assert verbs(log) == ["overlay create", "instance start", "instance list", "exec", "exec",
-                          "instance stop", "instance list"]
+                          "instance stop", "instance list"], story
     name = sb.name
     assert log[0]["argv"] == ["overlay", "create", "--size", "16384", "--sparse", f"{scratch}/overlay.img"]
     start = log[1]["argv"]

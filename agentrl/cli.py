@@ -41,7 +41,7 @@ COMMANDS = (
     Command("images build", "agentrl.swe.environments", "build images into the cache and print their paths"),
     Command("tasks check", "agentrl.commands.tasks_check", "oracle (solution) and no-op runs of each task, in "
             "real sandboxes; with --hacks, known reward hacks too"),
-    Command("tasks generate", "agentrl.swe.generate",
+    Command("tasks generate", "agentrl.commands.tasks_generate",
             "write N Harbor tasks of a family, procedurally and reproducibly"),
     Command("adapter serve", "agentrl.adapter.serve", "run the adapter stand-alone"),
     Command("train", "agentrl.train.cli", "the GRPO trainer role (one process per rank)", role=True),

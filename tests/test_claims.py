@@ -71,11 +71,11 @@ def test_an_eval_attempt_whose_lease_is_lost_is_cancelled(tmp_path, monkeypatch)
     """The eval used to keep running an attempt another evaluator had taken over."""
     from types import SimpleNamespace
 
-    import agentrl.eval.score as score
+    import agentrl.rollout.claimed as claimed
 
     cancelled = []
 
-    async def run_attempt(ctx, task, *, group, attempt, sampling):
+    async def run_attempt(ctx, task, *, group, attempt, sampling, on_span):
         steal(ledger, Claim(0, group, attempt, ledger.current_generation(0)))
         try:
             await asyncio.sleep(60)
@@ -83,11 +83,15 @@ def test_an_eval_attempt_whose_lease_is_lost_is_cancelled(tmp_path, monkeypatch)
             cancelled.append((group, attempt))
             raise
 
-    monkeypatch.setattr(score, "run_attempt", run_attempt)
+    monkeypatch.setattr(claimed, "run_attempt", run_attempt)
+
+    async def up(**kwargs):
+        return "http://model-server"
+    ctx = SimpleNamespace(adapter=SimpleNamespace(pool=SimpleNamespace(wait_healthy=up)))
     cfg = load_eval_config({"tasks": "unused.jsonl", "n_samples": 1, "pool": {"lease_s": 6, "poll_s": 0.1}})
     task = SimpleNamespace(spec=SimpleNamespace(instance_id="t"))
     ev = CheckpointEval(tmp_path / "out", cfg, [task], iteration=1)
     ledger = ev.ledger()
     with pytest.raises(asyncio.TimeoutError):        # the thief never commits: the eval waits on, as it should
-        asyncio.run(asyncio.wait_for(ev._attempts(ledger, ctx=None), 8))
+        asyncio.run(asyncio.wait_for(ev._attempts(ledger, ctx), 8))
     assert cancelled == [(0, 0)]                     # cancelled at the first renewal (lease_s / 3), not at 60 s

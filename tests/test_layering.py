@@ -56,3 +56,94 @@ def test_the_modules_that_read_the_environment_are_the_ones_the_architecture_nam
              if reads_environment(ast.parse(p.read_text()))}
     assert found - listed == set(), "these read os.environ but docs/architecture.md does not say so"
     assert listed - found == set(), "docs/architecture.md names these, but they no longer read os.environ"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module of hpc and agentrl -> the modules of ours it imports, wherever the import sits (a function's
+    body too: a cycle that only a lazy import hides is still a cycle); `from P import m` names the module P.m."""
+    paths = {module_name(p): p for package in PACKAGES for p in modules(package) if "sandbox_scripts" not in p.parts}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name in paths}
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join([*package[:len(package) - node.level + 1], *([node.module] if node.module else [])]) \
+                    if node.level else node.module or ""
+                for a in node.names:
+                    found.add(f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base)
+        graph[name] = (found & set(paths)) - {name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            if component:
+                found.append(sorted([v, *component]))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_imports_itself_through_others():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]     # the check can fail
+    graph = import_graph()
+    assert "agentrl.rollout.claimed" in graph["agentrl.eval.score"]    # relative imports resolve
+    found = cycles(graph)
+    assert found == [], ("import cycles (break each: move what both need into a module of its own, or the "
+                         f"command-line part into agentrl/commands/): {found}")
+
+
+SLURM_COMMANDS = {"sbatch", "squeue", "scancel", "scontrol", "sinfo", "sacct", "sacctmgr", "sprio", "sstat"}
+
+
+def runs_slurm(tree: ast.AST) -> list[str]:
+    """The Slurm client commands a module puts first in a command line: ["squeue", ...], or a string
+    "squeue -h ...". Not the executor's name among the others (Literal["sbatch", "submitit", "local"])."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.List, ast.Tuple)) and node.elts:
+            words = [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+            if words[:1] == [getattr(node.elts[0], "value", None)] and words[0] in SLURM_COMMANDS and \
+                    not {"submitit", "local"} & set(words):
+                found.append(words[0])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            tokens = node.value.split()
+            if len(tokens) > 1 and tokens[0] in SLURM_COMMANDS and tokens[1].startswith("-"):
+                found.append(tokens[0])
+    return found
+
+
+def test_slurm_commands_run_only_in_the_slurm_module():
+    assert runs_slurm(ast.parse('subprocess.run(["scancel", job])')) == ["scancel"]       # the check can fail
+    assert runs_slurm(ast.parse('os.system("squeue -h -j 1")')) == ["squeue"]
+    assert runs_slurm(ast.parse('executor: Literal["sbatch", "submitit", "local"] = "sbatch"')) == []   # a name
+    offenders = {str(p.relative_to(ROOT)): found for package in PACKAGES for p in modules(package)
+                 if p != ROOT / "hpc" / "slurm.py" and (found := runs_slurm(ast.parse(p.read_text())))}
+    assert offenders == {}, f"Slurm is asked through hpc/slurm.py alone (as submitit's Slurm classes): {offenders}"

@@ -227,12 +227,11 @@ def test_a_record_that_is_not_a_task_fails_its_claim_and_not_the_worker():
 
     failed = []
 
-    async def fail(claim, reason):
-        failed.append((claim, reason))
     bad = {"prompt": "p", "metadata": {"instance_id": "t", "image": "host", "workdir": "/", "eval_command": "true",
                                        "timeouts": {"agent_s": 1, "eval_s": 1},
                                        "harbor": {"test_sh": "", "test_files": {"../../etc/x": ""}}}}
-    worker = SimpleNamespace(task_for=lambda claim: load_record(bad), counts=Counter(), _fail=fail)
+    worker = SimpleNamespace(task_for=lambda claim: load_record(bad), counts=Counter(),
+                             ledger=SimpleNamespace(fail=lambda claim, reason: failed.append((claim, reason))))
     claim = Claim(rollout_id=0, group=3, attempt=1, generation=0)
     asyncio.run(PoolWorker._attempt(worker, None, claim))
     assert worker.counts["bad_tasks"] == 1
@@ -248,7 +247,7 @@ def test_a_shard_the_filesystem_refuses_fails_the_claim_named_and_not_the_worker
 
     import numpy as np
 
-    from agentrl.rollout import worker as worker_module
+    from agentrl.rollout import claimed
     from agentrl.rollout.attempt import AttemptOutcome
     from agentrl.sample import AttemptMetadata, Sample
 
@@ -257,22 +256,23 @@ def test_a_shard_the_filesystem_refuses_fails_the_claim_named_and_not_the_worker
 
     async def attempt_that_finished(*args, **kwargs):
         return AttemptOutcome(samples=[sample], reward=1.0, metadata=AttemptMetadata())
-    monkeypatch.setattr(worker_module, "run_attempt", attempt_that_finished)
+    monkeypatch.setattr(claimed, "run_attempt", attempt_that_finished)
     (tmp_path / "buffer").write_text("a file where the buffer directory should be")
     failed, committed = [], []
+    ledger = SimpleNamespace(commit=lambda claim, ref: committed.append(ref) or True,
+                             fail=lambda claim, reason: failed.append((claim, reason)))
+    records = claimed.AttemptRecords(tmp_path / "traces", per_rollout=True, shards=tmp_path / "buffer")
 
-    async def fail(claim, reason):
-        failed.append((claim, reason))
-    worker = SimpleNamespace(task_for=lambda claim: None, groups_of=lambda claim: SimpleNamespace(temperature=1.0),
-                             cfg=SimpleNamespace(sampling=lambda temperature: {}), on_span=None, counts=Counter(),
-                             run=SimpleNamespace(buffer_dir=tmp_path / "buffer", trajectories_dir=tmp_path / "traces"),
-                             _fail=fail, ledger=SimpleNamespace(commit=lambda claim, ref: committed.append(ref)))
     async def up(**kwargs):
         return "http://model-server"
     ctx = SimpleNamespace(adapter=SimpleNamespace(pool=SimpleNamespace(wait_healthy=up)))
     claim = Claim(rollout_id=0, group=3, attempt=1, generation=0)
-    asyncio.run(PoolWorker._attempt(worker, ctx, claim))
-    assert worker.counts["io_errors"] == 1 and not worker.counts["committed"] and committed == []
+    counts = Counter()
+
+    def attempt():
+        return asyncio.run(claimed.run_claimed(ctx, ledger, claim, None, {}, records, counts, where="here"))
+    assert attempt() is None
+    assert counts["io_errors"] == 1 and not counts["committed"] and committed == []
     (got, reason), = failed
     assert got == claim and reason.startswith("io: ") and "buffer" in reason
 
@@ -282,8 +282,14 @@ def test_a_shard_the_filesystem_refuses_fails_the_claim_named_and_not_the_worker
     shutil.rmtree(tmp_path / "traces")
     (tmp_path / "traces").write_text("a file where the traces should go")
     failed.clear()
-    asyncio.run(PoolWorker._attempt(worker, ctx, claim))
-    assert committed == ["rollout_0/g0/3-1-0.msgpack"] and not failed and worker.counts["io_errors"] == 1
+    assert attempt() is not None
+    assert committed == ["rollout_0/g0/3-1-0.msgpack"] and not failed and counts["io_errors"] == 1
+    assert counts["committed"] == 1 and (tmp_path / "buffer" / committed[0]).exists()
+
+    # Another try's commit: this try's shard is never read, and goes
+    ledger.commit = lambda claim, ref: False
+    attempt()
+    assert counts["stale"] == 1 and not (tmp_path / "buffer" / committed[0]).exists()
 
 
 def test_the_pool_samples_at_the_temperature_the_trainer_computes_log_probs_at(run, tmp_path):

@@ -270,7 +270,7 @@ except SandboxError as e:
 """)
     r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
                         str(script)], capture_output=True, text=True, timeout=60)
-    assert "needs root" in r.stdout and "sandbox.runtime: apptainer" in r.stdout, r.stderr
+    assert "needs root" in r.stdout and "pool.runtime: apptainer" in r.stdout, r.stderr
 
 
 @pytest.mark.parametrize("image", ["host", "rootfs"])

@@ -386,7 +386,7 @@ def test_apptainer_refusals(tmp_path, image, monkeypatch):
 # --- local --------------------------------------------------------------------------------------
 
 def test_local_refuses_without_opt_in():
-    with pytest.raises(SandboxError, match="sandbox.allow_unsafe_local: true"):
+    with pytest.raises(SandboxError, match="pool.allow_unsafe_local: true"):
         LocalSandbox(SandboxSpec())
 
 

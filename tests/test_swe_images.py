@@ -18,6 +18,7 @@ from hpc.images.oci_writer import dir_entries, write_oci_layout
 from hpc.sandbox.base import SandboxError
 
 ROOT = Path(__file__).resolve().parents[1]
+pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (make sysdeps)")]
@@ -83,3 +84,34 @@ def test_image_names_resolve_by_runtime(python_image, tmp_path):
         resolve_image("python:3.11", "bwrap", None)
     with pytest.raises(SandboxError, match=r"not in the cache .* as sif: run `agentrl images build python:3.11"):
         resolve_image("python:3.11", "apptainer", cache)
+
+
+def test_eval_finds_a_tasks_image_in_its_image_cache(python_image, tiny_model, tmp_path):
+    """eval.pool.image_cache is honoured as pool.image_cache is: eval's attempts take the pool's path
+    (agentrl.rollout.claimed), image cache included. Without the cache every try is an infrastructure
+    failure naming the command that builds the image."""
+    cache = tmp_path / "cache"
+    task = _task_with_image("roman-subtractive", str(python_image), tmp_path / "in-image")
+    build_image(str(python_image), ImageCache(cache))
+
+    def evaluate(pool: dict, out: Path) -> subprocess.CompletedProcess:
+        config = tmp_path / f"{out.name}.yaml"
+        config.write_text(json.dumps({"eval": {
+            "tasks": str(task), "n_samples": 1, "max_tries": 1,
+            "pool": {"harness": "builtin", "max_new_tokens": 16, "max_context": 4096, "lease_s": 10, "poll_s": 0.2,
+                     "tools_dir": str(tmp_path / "tools"), **pool}}}))
+        return subprocess.run([sys.executable, "-m", "agentrl.cli", "eval", str(tiny_model), "--config", str(config),
+                               "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+    r = evaluate({"image_cache": str(cache)}, tmp_path / "cached")
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads((tmp_path / "cached/summary.json").read_text())
+    assert (summary["attempts"], summary["infra_failures"]) == (1, 0), summary
+    (result,) = [json.loads(line) for line in (tmp_path / "cached/results.jsonl").read_text().splitlines()]
+    assert result["task"] == "in-image" and result["reward"] in (0.0, 1.0)
+
+    r = evaluate({}, tmp_path / "uncached")
+    summary = json.loads((tmp_path / "uncached/summary.json").read_text())
+    assert (summary["attempts"], summary["infra_failures"]) == (0, 1), summary
+    (fail,) = (tmp_path / "uncached/ledger").rglob("fails/*")
+    assert "needs the image cache" in fail.read_text()

@@ -6,7 +6,7 @@
 # npm or the registries it stops with their answer and exit 1. What the CLIs send and how to run them
 # against the adapter: docs/agent-clis.md.
 #
-# The install itself is agentrl.harness.install.main, the code the harnesses run when a tools directory
+# The install itself is agentrl.commands.install_clis, the code the harnesses run when a tools directory
 # lacks the CLIs, so the pins and the readiness check live in one place. It needs a Python that imports
 # agentrl: the checkout's .venv (`make venv`), or AGENTRL_PYTHON.
 set -euo pipefail
@@ -17,5 +17,5 @@ python=${AGENTRL_PYTHON:-$root/.venv/bin/python}
   echo "install_agent_clis: $python is missing: run \`make venv\`, or set AGENTRL_PYTHON to a Python with agentrl-hpc installed" >&2
   exit 1
 }
-exec "$python" -c 'import sys; from agentrl.harness.install import main; sys.exit(main(sys.argv[1:]))' \
+exec "$python" -c 'import sys; from agentrl.commands.install_clis import main; sys.exit(main(sys.argv[1:]))' \
   "${1:-$root/.agent-clis}"

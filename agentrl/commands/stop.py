@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 
 from .status import open_run
@@ -16,7 +15,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hpc import slurm
     from hpc.launch.state import read_end, read_launch_record
+    from hpc.slurm import SlurmError, SlurmUnavailable
 
     layout = open_run(args.run)
     if layout is None:
@@ -27,9 +28,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"{layout.root}: nothing to stop ({end.state if end else 'never launched'})")
         return 0
     if rec.job_id:
-        r = subprocess.run(["scancel", *rec.job_id.split(",")], capture_output=True, text=True)
-        if r.returncode != 0:
-            print(f"scancel failed: {r.stderr.strip()}", file=sys.stderr)
+        try:
+            slurm.scancel(rec.job_id.split(","))
+        except (SlurmError, SlurmUnavailable) as e:
+            print(f"agentrl stop: {e}", file=sys.stderr)
             return 1
         print(f"agentrl: cancelled job(s) {rec.job_id}")
         return 0

@@ -8,7 +8,14 @@ flagged (task, file, place; exit 1).
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from hpc.images.cache import ImageCache
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,17 +41,75 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..swe.check import main as check_main
+    from ..swe import hacks, leaks
+    from ..swe.check import CheckRow, Where, check_tasks, render_table
+    from ..swe.harbor import HarborTaskError
+    from ..swe.loaded import load_tasks
 
     if args.hack == ["list"]:
-        from ..swe.hacks import describe
-        print(describe())
+        print(hacks.describe())
         return 0
     if not args.paths:
         return usage_error("name the tasks: Harbor task directories, directories of them, or JSONL prompt files")
     if args.concurrency < 1:
         return usage_error("--concurrency must be at least 1")
-    return check_main(args)
+    run_hacks = bool(args.hacks or args.hacks_only or args.hack)
+    try:
+        chosen = hacks.select(args.hack or []) if run_hacks else []
+    except KeyError as e:
+        print(e.args[0], file=sys.stderr)
+        return 2
+    try:
+        tasks = load_tasks(args.paths)
+    except (HarborTaskError, ValueError, KeyError, FileNotFoundError) as e:
+        print(f"cannot load the tasks: {e}", file=sys.stderr)
+        return 2
+    if not tasks:
+        print("no tasks found in " + " ".join(args.paths), file=sys.stderr)
+        return 2
+
+    def say(line: str) -> None:
+        if not args.json:
+            print(line, file=sys.stderr, flush=True)
+
+    def problem(row) -> str:
+        return f"  <- {row.problem}" if row.problem else ""
+
+    def progress(row: CheckRow) -> None:
+        say(f"  {row.instance_id}: oracle {row.oracle_reward}, no-op {row.noop_reward}{problem(row)}")
+
+    def hack_progress(row: hacks.HackRow) -> None:
+        say(f"  {row.instance_id}: {row.hack} [{row.grading}] reward {row.reward}{problem(row)}")
+
+    def leak_progress(row: leaks.LeakCheck) -> None:
+        say(f"  {row.instance_id}: searched for its solution, {len(row.leaks)} place(s) hold it{problem(row)}")
+    where = Where(args.runtime, ImageCache(Path(args.image_cache)) if args.image_cache else None, args.scratch)
+    rows = [] if args.hacks_only else asyncio.run(check_tasks(tasks, args.concurrency, where, progress))
+    hack_rows = asyncio.run(hacks.check_hacks(tasks, chosen, args.grading, args.concurrency, where, hack_progress)) \
+        if run_hacks else None
+    leak_rows = asyncio.run(leaks.check_leaks(tasks, args.concurrency, where, leak_progress)) if args.leaks else None
+    if rows:
+        print(render_table(rows))
+    if hack_rows is not None:
+        print(hacks.render_table(hack_rows))
+    if leak_rows is not None:
+        print(leaks.render_table(leak_rows))
+    if args.json:
+        print(rows_json(rows, hack_rows, leak_rows))
+    flagged = [*(r.flagged for r in rows), *(r.flagged for r in hack_rows or []), *(r.flagged for r in leak_rows or [])]
+    return 1 if any(flagged) else 0
+
+
+def rows_json(rows: list, hack_rows: list | None = None, leak_rows: list | None = None) -> str:
+    """One JSON object: the tasks' rows, with --hacks the hack runs' rows, with --leaks each task's search;
+    `flagged` counts them all."""
+    out: dict[str, Any] = {"tasks": [asdict(r) for r in rows]}
+    if hack_rows is not None:
+        out["hacks"] = [asdict(r) for r in hack_rows]
+    if leak_rows is not None:
+        out["leaks"] = [asdict(r) for r in leak_rows]
+    out["flagged"] = sum(r.flagged for r in rows) + sum(r.flagged for r in (*(hack_rows or []), *(leak_rows or [])))
+    return json.dumps(out)
 
 
 def usage_error(message: str) -> int:

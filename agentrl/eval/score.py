@@ -14,18 +14,20 @@
                                    shard, for `agentrl sft` (the teacher's demonstrations, say)
 
 The model is served for the duration by an inference server on the checkpoint's HF export (the CPU
-stand-in, or SGLang on a GPU node) and an adapter of the evaluator's own, on an ephemeral port and a
-Unix socket in its scratch directory: never a fixed port that a training adapter may claim later.
+stand-in, or SGLang on a GPU node) and an adapter of the evaluator's own, on a Unix socket in its
+scratch directory: never a fixed port that a training adapter may claim later. Each attempt takes the
+pool worker's path from claim to commit (agentrl.rollout.claimed), with the `eval.pool` settings: the
+same sandboxes, image cache, limits and failure rules.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
 import os
 import socket
+from collections import Counter
 from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,19 +35,15 @@ from typing import Any
 
 import numpy as np
 
-from hpc.buffer import write_shard
 from hpc.claims import ClaimLoop
-from hpc.fsio import write_atomic, write_new
+from hpc.fsio import write_atomic
 from hpc.launch.distenv import free_port
-from hpc.ledger import Claim, Ledger, StaleGeneration
+from hpc.ledger import Claim, Ledger
 
-from ..adapter.serve import AdapterServer
-from ..adapter.service import Adapter, AdapterConfig
-from ..harness import get_harness
-from ..rollout.attempt import InfraError, PoolContext, run_attempt
+from ..adapter.service import Adapter
+from ..rollout.attempt import PoolContext
+from ..rollout.claimed import AttemptRecords, adapter_config, attempt_context, default_tools_dir, run_claimed
 from ..rollout.metrics import pass_at_k
-from ..rollout.trace import trace_path, write_trace
-from ..sample import SAMPLE_CODEC
 from ..swe.loaded import LoadedTask
 from .config import EvalConfig
 
@@ -92,6 +90,10 @@ class CheckpointEval:
         self.out, self.cfg, self.tasks, self.iteration = Path(out_dir), cfg, list(tasks), iteration
         self.worker_id = worker_id or f"eval-{socket.gethostname()}-{os.getpid()}"
         self.attempts_dir = self.out / "attempts"
+        self.records = AttemptRecords(self.out / "trajectories", per_rollout=False,
+                                      shards=self.out / "samples" if cfg.save_samples else None,
+                                      results=self.attempts_dir)
+        self.counts: Counter = Counter()
 
     @property
     def done(self) -> bool:
@@ -115,68 +117,26 @@ class CheckpointEval:
         ledger = self.ledger()
         logs = self.out / "logs"
         logs.mkdir(exist_ok=True)
-        harness = get_harness(pool.harness)
-        tools = pool.tools_dir or Path.home() / ".cache" / "agentrl" / "tools"
-        await asyncio.to_thread(harness.install, tools)
         sock_dir = Path(pool.scratch_dir or "/tmp") / f"agentrl-{self.worker_id}"
-        sock_dir.mkdir(parents=True, exist_ok=True)
-        sock_dir.chmod(0o755)
         with model_server(cfg, model_dir, self.iteration, logs) as url:
-            adapter = Adapter(AdapterConfig(tokenizer=model_dir, upstreams=[url], tool_parser=pool.tool_parser,
-                                            reasoning_parser=pool.reasoning_parser, max_context=pool.max_context,
-                                            max_new_tokens=pool.max_new_tokens, model_name=pool.model_name))
-            server = AdapterServer(adapter, port=0, uds=str(sock_dir / "adapter.sock"))
-            serving = asyncio.ensure_future(server.serve())
-            try:
-                ctx = PoolContext(pool, adapter, str(sock_dir / "adapter.sock"), tools,
-                                  asyncio.Semaphore(pool.max_booting), asyncio.Semaphore(pool.max_agents))
+            adapter = Adapter(adapter_config(pool, model_dir, [url]))
+            async with attempt_context(pool, adapter, sock_dir, default_tools_dir(pool)) as ctx:
                 await self._attempts(ledger, ctx)
-            finally:
-                server.request_stop()
-                await serving
         return self.summarize(ledger)
 
     async def _attempts(self, ledger: Ledger, ctx: PoolContext) -> None:
         pool = self.cfg.pool
         loop = ClaimLoop(ledger, self.worker_id, pool.lease_s, pool.poll_s, pool.max_agents + pool.max_booting,
-                         rollout_id=0)
+                         rollout_id=0, counts=self.counts)
         await loop.run(lambda claim: self._one(ledger, ctx, claim), until_done=True)
 
     async def _one(self, ledger: Ledger, ctx: PoolContext, claim: Claim) -> None:
-        task = self.tasks[claim.group]
-        name = task.spec.instance_id
+        name = self.tasks[claim.group].spec.instance_id
         sampling = {"temperature": self.cfg.temperature, "top_p": self.cfg.top_p,
                     "max_new_tokens": self.cfg.pool.max_new_tokens,
                     "sampling_seed": attempt_seed(self.cfg.seed, name, claim.attempt)}
-        try:
-            outcome = await run_attempt(ctx, task, group=claim.group, attempt=claim.attempt, sampling=sampling)
-        except InfraError as e:
-            log.warning("%s attempt %d: infrastructure failure, to be retried: %s", name, claim.attempt, e)
-            await asyncio.to_thread(ledger.fail, claim, str(e))
-            return
-        except Exception as e:   # noqa: BLE001 - one attempt never stops the evaluation
-            log.exception("%s attempt %d: unexpected error", name, claim.attempt)
-            await asyncio.to_thread(ledger.fail, claim, repr(e))
-            return
-        md = outcome.metadata
-        result = {"task": name, "attempt": claim.attempt, "reward": outcome.reward, "exit_code": md.exit_code,
-                  "agent_timed_out": md.agent_timed_out,
-                  "empty_patch": md.empty_patch.value if md.empty_patch else None, "patch_bytes": md.patch_bytes,
-                  "turns": md.turns, "tool_calls": md.tool_calls, "limits": list(md.limits), "timings": outcome.timings}
-        ref = f"attempts/{claim.group}-{claim.attempt}-{claim.try_index}.json"
-        await asyncio.to_thread(write_new, self.out / ref, json.dumps(result).encode())
-        await asyncio.to_thread(write_trace, trace_path(self.out / "trajectories", claim, per_rollout=False), claim,
-                                outcome)
-        shard = None
-        if self.cfg.save_samples:
-            shard = self.out / "samples" / await asyncio.to_thread(write_shard, self.out / "samples", claim,
-                                                                   outcome.samples, SAMPLE_CODEC)
-        try:
-            await asyncio.to_thread(ledger.commit, claim, ref)
-        except StaleGeneration:   # another evaluator's try of this attempt is the one that counts
-            if shard is not None:
-                shard.unlink(missing_ok=True)
-        log.info("%s attempt %d: reward %g", name, claim.attempt, outcome.reward)
+        await run_claimed(ctx, ledger, claim, self.tasks[claim.group], sampling, self.records, self.counts,
+                          where=f"{name} attempt {claim.attempt} try {claim.try_index}")
 
     def summarize(self, ledger: Ledger) -> dict[str, Any]:
         """results.jsonl and summary.json from the committed attempts (the summary last)."""

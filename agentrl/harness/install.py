@@ -12,13 +12,11 @@ never leaves a half-written tree where a sandbox would run it. Every step is ide
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -208,29 +206,3 @@ def install_file(source: Path, dest: Path) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
 
-
-def main(argv: list[str] | None = None) -> int:
-    """`make clis` (tools/install_agent_clis.sh): the pinned CLIs into DIR (an npm prefix) and mini-swe-agent
-    into DIR/mini-swe-agent, then the paths of the programs."""
-    from .mini_swe_agent import LAUNCHER, PYTHON, build, mini_ready, refresh_mini
-
-    p = argparse.ArgumentParser(prog="install_agent_clis.sh", description=main.__doc__)
-    p.add_argument("dir", metavar="DIR", type=Path, help="the install's own directory (an npm prefix)")
-    dest = p.parse_args(argv).dir.resolve()
-    mini = dest / MINI_DIR
-
-    def npm_keeping_mini(tmp: Path) -> None:
-        npm_install(tmp, pinned_cli_packages(), dest)
-        if mini.is_dir():           # a new CLI pin need not cost mini-swe-agent's build
-            mini.rename(tmp / MINI_DIR)
-    try:
-        if not clis_ready(dest):
-            place_atomically(dest, npm_keeping_mini, clis_ready)
-        if not refresh_mini(mini):
-            place_atomically(mini, lambda tmp: build(tmp, mini), mini_ready)
-    except HarnessInstallError as e:
-        print(f"install_agent_clis: {e}", file=sys.stderr)
-        return 1
-    for program in (CLAUDE_BIN, QWEN_BIN, CODEX_BIN, f"{MINI_DIR}/{PYTHON} {mini}/{LAUNCHER}"):
-        print(dest / program)
-    return 0

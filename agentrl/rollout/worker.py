@@ -27,43 +27,33 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import socket
-import time
-import traceback
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
 
 from hpc import liveness
-from hpc.buffer import write_shard
 from hpc.claims import ClaimLoop
-from hpc.images.cache import ImageCache
-from hpc.ledger import Claim, Ledger, StaleGeneration
+from hpc.ledger import Claim, Ledger
 from hpc.ledger_records import RolloutSpec
 from hpc.registry import Registry
 from hpc.runlayout import RunLayout
 
-from ..adapter.serve import AdapterServer
-from ..adapter.service import Adapter, AdapterConfig
-from ..harness import get_harness
+from ..adapter.service import Adapter
 from ..prompts.groups import RolloutGroups, check_rows
 from ..prompts.source import load_prompt_rows, rows_fingerprint
-from ..sample import SAMPLE_CODEC
 from ..swe.loaded import LoadedTask, load_record
 from ..swe.task import TaskSpecError
-from .attempt import ATTEMPT_SPANS, InfraError, PoolContext, SpanSink, no_span, run_attempt
+from .attempt import ATTEMPT_SPANS, PoolContext, SpanSink, no_span
+from .claimed import AttemptRecords, adapter_config, attempt_context, default_tools_dir, fail_claim, run_claimed
 from .config import PoolConfig
-from .trace import trace_path, write_trace
 
 log = logging.getLogger("agentrl.pool")
 REGISTRY_BEAT_S = 5.0          # the registry counts a service alive for 30 s after its last beat
 SPANS = ("claim", "attempt", *ATTEMPT_SPANS, "shard", "commit")
 ClaimSpanSink = Callable[[Claim, str, float, float], None]     # (claim, name, start, end)
-T = TypeVar("T")
 
 
 @dataclass
@@ -84,8 +74,8 @@ class PoolWorker:
         self.rows_sha256 = rows_fingerprint(self.rows)
         self._rollouts: dict[tuple[int, int], RolloutGroups] = {}    # (rollout, generation) -> its groups
         self._tasks: dict[int, LoadedTask] = {}
-        # Shared by runs: the CLIs are hundreds of MB. On a cluster, point it at the shared filesystem.
-        self.tools_dir = self.cfg.tools_dir or Path.home() / ".cache" / "agentrl" / "tools"
+        self.tools_dir = default_tools_dir(self.cfg)
+        self.records = AttemptRecords(self.run.trajectories_dir, per_rollout=True, shards=self.run.buffer_dir)
 
     def check_rollout(self, spec: RolloutSpec) -> None:
         """Raise unless this worker can do the rollout's work: the trainer's prompt data, its temperature."""
@@ -111,11 +101,7 @@ class PoolWorker:
         return self._tasks[row]
 
     def adapter(self) -> Adapter:
-        cfg = self.cfg
-        return Adapter(AdapterConfig(tokenizer=self.tokenizer, upstreams=[f"registry:{self.run.root}"],
-                                     tool_parser=cfg.tool_parser, reasoning_parser=cfg.reasoning_parser,
-                                     max_context=cfg.max_context, max_new_tokens=cfg.max_new_tokens,
-                                     model_name=cfg.model_name))
+        return Adapter(adapter_config(self.cfg, self.tokenizer, [f"registry:{self.run.root}"]))
 
     async def serve(self, stop: asyncio.Event, *, max_attempts: int | None = None) -> Counter:
         """Run until `stop` is set (or after `max_attempts`); the counts of what happened."""
@@ -133,29 +119,18 @@ class PoolWorker:
         beating = asyncio.create_task(beat())
         sock_dir = Path(cfg.scratch_dir or "/tmp") / f"agentrl-pool-{self.worker_id}"
         try:
-            harness = get_harness(cfg.harness)
-            await asyncio.to_thread(harness.install, self.tools_dir)
-            sock_dir.mkdir(parents=True, exist_ok=True)
-            sock_dir.chmod(0o755)   # the agent (uid 1000) reaches the socket through it
-            socket_path = str(sock_dir / "adapter.sock")
-            server = AdapterServer(self.adapter(), uds=socket_path)
-            serving = asyncio.ensure_future(server.serve())
-            record = registry.register("pool", self.index, host=socket.gethostname(), socket=socket_path)
-            ctx = PoolContext(cfg, server.adapter, socket_path, self.tools_dir, asyncio.Semaphore(cfg.max_booting),
-                              asyncio.Semaphore(cfg.max_agents),
-                              ImageCache(cfg.image_cache) if cfg.image_cache else None)
-            on_claim = None if self.on_span is None else partial(_claim_span, self.on_span)
-            loop = ClaimLoop(self.ledger, self.worker_id, cfg.lease_s, cfg.poll_s, cfg.max_agents + cfg.max_booting,
-                             check=self.check_rollout, counts=self.counts, on_claim=on_claim)
-            try:
-                await loop.run(lambda claim: self._attempt(ctx, claim), stop=stop, max_claims=max_attempts)
-            finally:
-                server.request_stop()
-                await serving
-                registry.deregister(record)
+            async with attempt_context(cfg, self.adapter(), sock_dir, self.tools_dir) as ctx:
+                record = registry.register("pool", self.index, host=socket.gethostname(), socket=ctx.adapter_socket)
+                on_claim = None if self.on_span is None else partial(_claim_span, self.on_span)
+                loop = ClaimLoop(self.ledger, self.worker_id, cfg.lease_s, cfg.poll_s,
+                                 cfg.max_agents + cfg.max_booting, check=self.check_rollout, counts=self.counts,
+                                 on_claim=on_claim)
+                try:
+                    await loop.run(lambda claim: self._attempt(ctx, claim), stop=stop, max_claims=max_attempts)
+                finally:
+                    registry.deregister(record)
         finally:
             beating.cancel()
-            shutil.rmtree(sock_dir, ignore_errors=True)     # the adapter's socket: nothing of a worker outlives it
         return self.counts
 
     async def _attempt(self, ctx: PoolContext, claim: Claim) -> None:
@@ -169,56 +144,13 @@ class PoolWorker:
             # and the ledger's bound on tries ends it; it must not escape the attempt and the worker.
             self.counts["bad_tasks"] += 1
             log.error("%s: the task's record is invalid: %s", where, e)
-            await self._fail(claim, f"task: {e}")
+            await fail_claim(self.ledger, claim, f"task: {e}")
             return
         span: SpanSink = no_span if self.on_span is None else partial(self.on_span, claim)
-        started = time.monotonic()
-        # No server up (killed, restarting, warming): wait under the renewed lease rather than spend a try
-        await ctx.adapter.pool.wait_healthy(what=where)
-        try:
-            outcome = await run_attempt(ctx, task, group=claim.group, attempt=claim.attempt, sampling=sampling,
-                                        on_span=span)
-        except InfraError as e:
-            self.counts["infra_failures"] += 1
-            log.warning("%s: infrastructure failure, to be retried: %s", where, e)
-            await self._fail(claim, f"infra: {e}")
-            return
-        except Exception as e:   # noqa: BLE001 - one bad attempt must not stop the worker
-            self.counts["errors"] += 1
-            log.error("%s: unexpected error, to be retried:\n%s", where, traceback.format_exc())
-            await self._fail(claim, f"error: {e!r}")
-            return
-        span("attempt", started, time.monotonic())
-        await asyncio.to_thread(write_trace, trace_path(self.run.trajectories_dir, claim), claim, outcome)
-        try:
-            ref = await asyncio.to_thread(_timed, span, "shard", write_shard, self.run.buffer_dir, claim,
-                                          outcome.samples, SAMPLE_CODEC)
-            committed = await asyncio.to_thread(_timed, span, "commit", self.ledger.commit, claim, ref)
-        except StaleGeneration as e:
-            committed = False
-            log.warning("%s: not committed: %s", where, e)
-        except OSError as e:     # the shared filesystem refused the shard or the commit: another try may land
-            self.counts["io_errors"] += 1
-            log.error("%s: the shard or its commit could not be written, to be retried: %s", where, e)
-            await self._fail(claim, f"io: {e}")
-            return
-        self.counts["committed" if committed else "stale"] += 1
-        self.counts["samples"] += len(outcome.samples)
-        log.info("%s: reward %g, %d samples, %s", where, outcome.reward, len(outcome.samples),
-                 ", ".join(f"{k} {v:.1f}s" for k, v in outcome.timings.items()))
-
-    async def _fail(self, claim: Claim, reason: str) -> None:
-        await asyncio.to_thread(self.ledger.fail, claim, reason[:2000])   # a superseded claim's fail is ignored
+        await run_claimed(ctx, self.ledger, claim, task, sampling, self.records, self.counts, where=where,
+                          on_span=span)
 
 
 def _claim_span(on_span: ClaimSpanSink, claim: Claim, start: float, end: float) -> None:
     on_span(claim, "claim", start, end)
 
-
-def _timed(span: SpanSink, name: str, work: Callable[..., T], *args: Any) -> T:
-    """`work(*args)`, its time handed to `span` as `name` (raised or not)."""
-    start = time.monotonic()
-    try:
-        return work(*args)
-    finally:
-        span(name, start, time.monotonic())

@@ -1,4 +1,4 @@
-"""`agentrl tasks check`: each task's solution must pass and its untouched repository must fail.
+"""Each task's solution must pass and its untouched repository must fail (`agentrl tasks check`).
 
 Like Harbor's oracle and no-op agents, run in real sandboxes: a converted data set is
 checked this way before GPU hours are spent on it. With --hacks, known reward hacks
@@ -10,21 +10,20 @@ it must hold it nowhere.
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from hpc.images.cache import ImageCache
 from hpc.sandbox.base import SandboxError
 from hpc.sandbox.factory import Runtime
 
 from . import episode
-from .loaded import LoadedTask, load_tasks, materialize
+from .loaded import LoadedTask, materialize
 from .sandboxes import task_sandbox
 
 R = TypeVar("R")
@@ -124,72 +123,3 @@ def render_table(rows: list[CheckRow]) -> str:
     bad = sum(r.flagged for r in rows)
     lines.append(f"{len(rows)} tasks, {bad} flagged")
     return "\n".join(lines)
-
-
-def rows_json(rows: list[CheckRow], hack_rows: list | None = None, leak_rows: list | None = None) -> str:
-    """One JSON object: the tasks' rows, with --hacks the hack runs' rows, with --leaks each task's search;
-    `flagged` counts them all."""
-    out: dict[str, Any] = {"tasks": [asdict(r) for r in rows]}
-    if hack_rows is not None:
-        out["hacks"] = [asdict(r) for r in hack_rows]
-    if leak_rows is not None:
-        out["leaks"] = [asdict(r) for r in leak_rows]
-    out["flagged"] = sum(r.flagged for r in rows) + sum(r.flagged for r in (*(hack_rows or []), *(leak_rows or [])))
-    return json.dumps(out)
-
-
-def main(args) -> int:
-    """`agentrl tasks check`; exit 1 when a task is flagged, a hack earns a reward or a task's solution is
-    within the agent's reach (--leaks)."""
-    import sys
-
-    from . import hacks as hack_set
-    from . import leaks
-    from .harbor import HarborTaskError
-
-    names = getattr(args, "hack", None) or []
-    run_hacks = bool(getattr(args, "hacks", False) or getattr(args, "hacks_only", False) or names)
-    try:
-        chosen = hack_set.select(names) if run_hacks else []
-    except KeyError as e:
-        print(e.args[0], file=sys.stderr)
-        return 2
-    try:
-        tasks = load_tasks(args.paths)
-    except (HarborTaskError, ValueError, KeyError, FileNotFoundError) as e:
-        print(f"cannot load the tasks: {e}", file=sys.stderr)
-        return 2
-    if not tasks:
-        print("no tasks found in " + " ".join(args.paths), file=sys.stderr)
-        return 2
-
-    def progress(row: CheckRow) -> None:
-        if not args.json:
-            print(f"  {row.instance_id}: oracle {row.oracle_reward}, no-op {row.noop_reward}"
-                  f"{'  <- ' + row.problem if row.problem else ''}", file=sys.stderr, flush=True)
-
-    def hack_progress(row) -> None:
-        if not args.json:
-            print(f"  {row.instance_id}: {row.hack} [{row.grading}] reward {row.reward}"
-                  f"{'  <- ' + row.problem if row.problem else ''}", file=sys.stderr, flush=True)
-    where = Where(args.runtime, ImageCache(args.image_cache) if args.image_cache else None, args.scratch)
-    rows = [] if getattr(args, "hacks_only", False) else asyncio.run(check_tasks(tasks, args.concurrency, where,
-                                                                                 progress))
-    hack_rows = asyncio.run(hack_set.check_hacks(tasks, chosen, getattr(args, "grading", "both"), args.concurrency,
-                                                 where, hack_progress)) if run_hacks else None
-    def leak_progress(row: leaks.LeakCheck) -> None:
-        if not args.json:
-            print(f"  {row.instance_id}: searched for its solution, {len(row.leaks)} place(s) hold it"
-                  f"{'  <- ' + row.problem if row.problem else ''}", file=sys.stderr, flush=True)
-    leak_rows = asyncio.run(leaks.check_leaks(tasks, args.concurrency, where, leak_progress)) \
-        if getattr(args, "leaks", False) else None
-    if rows:
-        print(render_table(rows))
-    if hack_rows is not None:
-        print(hack_set.render_table(hack_rows))
-    if leak_rows is not None:
-        print(leaks.render_table(leak_rows))
-    if args.json:
-        print(rows_json(rows, hack_rows, leak_rows))
-    flagged = [*(r.flagged for r in rows), *(r.flagged for r in hack_rows or []), *(r.flagged for r in leak_rows or [])]
-    return 1 if any(flagged) else 0

@@ -66,7 +66,7 @@ def _cached(image: str, runtime: Runtime, cache: ImageCache | None) -> Entry:
     build = f"agentrl images build {what} --cache {cache.root if cache else 'DIR'} --format {fmt}"
     if cache is None:
         raise SandboxError(f"image {image!r} needs the image cache: pass --image-cache DIR "
-                           f"(sandbox.image_cache in a run config), after `{build}`")
+                           f"(pool.image_cache in a run config, eval.pool.image_cache for eval), after `{build}`")
     entry = cache.find(image, fmt)
     if entry is None:
         raise SandboxError(f"image {image!r} is not in the cache {cache.root} as {fmt}: run `{build}`")

@@ -107,3 +107,22 @@ def load_train_config(data: Any, source: str = "train", *, check_paths: bool = T
     if check_paths and (missing := cfg.missing_paths()):
         raise TrainConfigError("\n".join(f"{source}: {problem}" for problem in missing))
     return cfg
+
+
+class SFTConfig(BaseModel):
+    """`agentrl sft`'s settings (agentrl/train/sft.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Path
+    out: Path
+    epochs: int = Field(default=3, gt=0)
+    lr: float = Field(default=1e-4, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    grad_clip: float = Field(default=1.0, gt=0)
+    max_tokens_per_step: int = Field(default=8192, gt=0)
+    min_reward: float | None = None     # keep only samples whose attempt earned at least this
+    seed: int = 0
+    # What TorchPolicy reads of a trainer's config: plain log-probs, no reference model.
+    rollout_temperature: float = 1.0
+    kl_coef: float = 0.0

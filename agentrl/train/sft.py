@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from hpc.buffer import read_rollout, read_shard
 from hpc.fsio import write_atomic
@@ -32,27 +32,11 @@ from hpc.records import RecordError
 from hpc.validation import problems
 
 from ..sample import SAMPLE_CODEC, Sample
+from .config import SFTConfig
 
 
 class SFTError(ValueError):
     """Bad input for `agentrl sft`; the message names it and says what to give instead."""
-
-
-class SFTConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    model: Path
-    out: Path
-    epochs: int = Field(default=3, gt=0)
-    lr: float = Field(default=1e-4, gt=0)
-    weight_decay: float = Field(default=0.0, ge=0)
-    grad_clip: float = Field(default=1.0, gt=0)
-    max_tokens_per_step: int = Field(default=8192, gt=0)
-    min_reward: float | None = None     # keep only samples whose attempt earned at least this
-    seed: int = 0
-    # What TorchPolicy reads of a trainer's config: plain log-probs, no reference model.
-    rollout_temperature: float = 1.0
-    kl_coef: float = 0.0
 
 
 def load_samples(sources: list[Path]) -> list[Sample]:

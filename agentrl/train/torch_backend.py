@@ -11,19 +11,15 @@ import hashlib
 import shutil
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from .batch import RolloutBatch, StepPlan
-from .config import TrainConfig
+from .config import SFTConfig, TrainConfig
 from .loss import policy_loss
 from .tensors import first_predictor, padded_tokens, response_slices, token_inputs
-
-if TYPE_CHECKING:
-    from .sft import SFTConfig
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "generation_config.json")

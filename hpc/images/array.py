@@ -16,13 +16,13 @@ a failure that names its output.
 from __future__ import annotations
 
 import shlex
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
+from hpc import slurm
 from hpc.records import Record, RecordError, read_record, write_record
 
 OUTCOMES = ("built", "cached", "failed")
@@ -68,17 +68,13 @@ def array_script(command: Sequence[str], indices: Sequence[int], parallelism: in
 
 
 def submit(script: Path) -> str:
-    """sbatch the script; the job id. A refusal raises, with sbatch's words."""
-    r = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"sbatch refused {script}: {r.stderr.strip()}")
-    return r.stdout.strip().split(";")[0]
+    """sbatch the script; the job id. A refusal raises (SlurmError), with sbatch's words."""
+    return slurm.sbatch(script)
 
 
 def job_alive(job_id: str) -> bool:
     """Whether any task of the array is still pending or running (squeue lists it)."""
-    r = subprocess.run(["squeue", "-h", "-r", "-j", job_id, "-o", "%i"], capture_output=True, text=True)
-    return r.returncode == 0 and bool(r.stdout.strip())
+    return bool(slurm.queued(job_id, array_tasks=True))
 
 
 def read_outcomes(outcomes: Path, indices: Sequence[int]) -> dict[int, JobOutcome]:

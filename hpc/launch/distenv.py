@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 import re
 import socket
-import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from itertools import product
+
+from .. import slurm
 
 # [20000, 32000): below Linux's ephemeral ports (32768 and up), which any socket may be holding.
 PORT_BASE, PORT_RANGE, JOB_STRIDE = 20000, 12000, 1009  # see master_port
@@ -121,12 +122,7 @@ def resolve_node_addr(name: str) -> str:
         return socket.gethostbyname(name)
     except OSError:
         pass
-    r = subprocess.run(["scontrol", "show", "node", "-o", name], capture_output=True, text=True, timeout=30)
-    m = re.search(r"\bNodeAddr=(\S+)", r.stdout)
-    if r.returncode != 0 or not m:
-        raise ValueError(f"cannot resolve Slurm node {name!r}: not in DNS, and scontrol said "
-                         f"{(r.stderr or r.stdout).strip()!r}")
-    return m.group(1)
+    return slurm.node_address(name)
 
 
 def first_step_node(environ: Mapping[str, str]) -> str:

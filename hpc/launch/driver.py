@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from .. import slurm
 from ..environment import AllocationEnv
 from ..procs import kill_group
 from ..runlayout import RunLayout
@@ -127,13 +128,9 @@ class Driver:
     def _signal_fail_run_steps(self, signum: int) -> None:
         """sbatch: Slurm signalled the batch step alone (`--signal=B:`); pass it to the fail-run roles' steps."""
         fail_run = {n for n, r in self.plan.roles.items() if r.restart.policy is RestartPolicy.FAIL_RUN}
-        out = subprocess.run(["squeue", "-h", "-s", "-j", str(self.job_id), "-o", "%i %j"], capture_output=True,
-                             text=True).stdout
-        steps = [step for step, name in (line.split(maxsplit=1) for line in out.splitlines() if " " in line)
-                 if name.strip() in fail_run]
+        steps = [step for step, name in slurm.job_steps(str(self.job_id)) if name in fail_run]
         if steps:
-            subprocess.run(["scancel", f"--signal={signal.Signals(signum).name.removeprefix('SIG')}", *steps],
-                           capture_output=True)
+            slurm.scancel(steps, signal=signal.Signals(signum).name.removeprefix("SIG"), check=False)
 
     def _on_signal(self, signum, _frame) -> None:
         if signum == signal.SIGUSR2:
@@ -171,7 +168,7 @@ class Driver:
             self._stop_all()
         if state == "requeued":           # sbatch: the run goes on when the job starts again
             self._record("requeued", message)
-            subprocess.run(["scontrol", "requeue", str(self.job_id)], check=False)
+            slurm.requeue(str(self.job_id))
             return 0
         end = end_run(self.layout, state, code, message)
         self._record(end.state, end.message)
@@ -229,7 +226,7 @@ class Driver:
         if self.job_id and self.executor != "local":
             # SIGTERM straight to every step's tasks: srun itself, signalled, kills its step hard,
             # and the task wrappers would get no chance to stop their commands and record the exit.
-            subprocess.run(["scancel", "--signal=TERM", self.job_id], capture_output=True)
+            slurm.scancel([self.job_id], signal="TERM", check=False)
             deadline = time.monotonic() + grace
             while time.monotonic() < deadline and any(
                     p.poll() is None for r in self._running.values() for p in r.procs):

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Literal
 
+from .. import slurm
 from ..runlayout import RunLayout
 from .driver import AllocationDriver, Driver, plan_path
 from .plan import Plan
@@ -30,11 +30,7 @@ def submit_sbatch(plan: Plan, layout: RunLayout, python: str, source: str = "") 
     _save_plan(layout, plan)
     script.write_text(render_sbatch(plan, source=source))
     env_args = [f"--export=ALL,AGENTRL_RUN_DIR={layout.root},AGENTRL_PYTHON={python}"]
-    r = subprocess.run(["sbatch", "--parsable", *env_args, f"--output={layout.logs_dir}/job-%j.out",
-                        str(script)], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"sbatch refused {script}: {r.stderr.strip()}")
-    job_id = r.stdout.strip().split(";")[0]
+    job_id = slurm.sbatch(script, *env_args, f"--output={layout.logs_dir}/job-%j.out")
     write_launch_record(layout, LaunchRecord(executor="sbatch", state="submitted", job_id=job_id,
                                              updated=time.time()))
     return job_id

@@ -1,12 +1,10 @@
-"""What the cluster offers, asked of Slurm (thin shell over sinfo)."""
+"""What the cluster offers, asked of Slurm: sinfo's lines (hpc.slurm) read into partitions."""
 
 from __future__ import annotations
 
-import subprocess
+from ..slurm import SlurmUnavailable, node_lines
 
-
-class SlurmUnavailable(RuntimeError):
-    pass
+__all__ = ["SlurmUnavailable", "parse_sinfo", "partitions_from_sinfo"]
 
 
 def parse_sinfo(text: str) -> dict[str, dict]:
@@ -33,12 +31,4 @@ def parse_sinfo(text: str) -> dict[str, dict]:
 
 
 def partitions_from_sinfo() -> dict[str, dict]:
-    try:
-        r = subprocess.run(["sinfo", "-h", "-N", "-o", "%P %N %c %m %G"], capture_output=True, text=True,
-                           timeout=60)
-    except FileNotFoundError:
-        raise SlurmUnavailable("sinfo is not installed: give the plan its `partitions:` in the config, "
-                               "or run where Slurm is") from None
-    if r.returncode != 0:
-        raise SlurmUnavailable(f"sinfo failed ({r.stderr.strip()}); is SLURM_CONF right and slurmctld up?")
-    return parse_sinfo(r.stdout)
+    return parse_sinfo(node_lines())

@@ -126,18 +126,14 @@ def still_running(layout: RunLayout) -> str | None:
     """Why the run's last launch may still be running (its local driver is alive, its jobs are in
     Slurm's queue), or None if it has ended. A local driver on another host is not seen."""
     import os
-    import subprocess
+
+    from .. import slurm
 
     rec = read_launch_record(layout)
     if rec is None or final_state(layout) is not None:
         return None
     if rec.job_id:
-        try:
-            r = subprocess.run(["squeue", "-h", "-o", "%A", "-j", rec.job_id], capture_output=True, text=True,
-                               timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        queued = r.stdout.split() if r.returncode == 0 else []
+        queued = slurm.queued(rec.job_id)
         return f"its job(s) {', '.join(queued)} are still in Slurm's queue" if queued else None
     if rec.driver_pid:
         try:

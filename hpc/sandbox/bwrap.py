@@ -84,7 +84,7 @@ class BwrapSandbox(SandboxContext):
             # The supervisor maps a range of host uids for the sandbox's user namespace and
             # mounts its layers: both need root. Unprivileged sites use Apptainer.
             raise SandboxError("the bwrap runtime needs root (it maps the sandbox's uid range and mounts "
-                               "its layers); unprivileged, use sandbox.runtime: apptainer")
+                               "its layers); unprivileged, set pool.runtime: apptainer in the run config")
         for tool, pkg in (("bwrap", "bubblewrap"), (self.python, "python3 and python3-seccomp")):
             if shutil.which(tool) is None:
                 raise SandboxError(f"{tool} is not installed (Debian: apt-get install {pkg})")

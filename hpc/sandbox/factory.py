@@ -1,4 +1,5 @@
-"""One entry point from config to sandbox: `sandbox.runtime` picks bwrap, apptainer or local."""
+"""One entry point from config to sandbox: the runtime (a run config's `pool.runtime`) picks bwrap, apptainer
+or local."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def make_sandbox(runtime: Runtime, spec: SandboxSpec, *, image: str | None = Non
         image = image or spec.rootfs
         if not image:
             raise ValueError("the apptainer runtime needs an image: a SIF file or a sandbox directory "
-                             "(sandbox.image in the config, or the task's built image)")
+                             "(the task's image, built by `agentrl images build`)")
         return ApptainerSandbox(spec, image, fakeroot=fakeroot)
     if runtime == "local":
         from .local import LocalSandbox

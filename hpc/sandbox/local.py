@@ -23,8 +23,9 @@ from .scratch import make_scratch, reap_abandoned
 
 UNSAFE_MESSAGE = (
     "the local sandbox runtime runs agent commands on this host with no isolation (file system, "
-    "network, processes); it is for development only. To use it anyway, set `sandbox.runtime: local` "
-    "and `sandbox.allow_unsafe_local: true` in the config (LocalSandbox(..., allow_unsafe=True)).")
+    "network, processes); it is for development only. To use it anyway, set `pool.runtime: local` "
+    "and `pool.allow_unsafe_local: true` in the run config (`eval.pool.` for eval; "
+    "LocalSandbox(..., allow_unsafe=True) from Python).")
 
 
 class LocalSandbox(SandboxContext):

@@ -13,7 +13,6 @@ the first source, then the next source's, named as every family's are (`generate
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -26,7 +25,7 @@ from pathlib import Path
 
 from hpc.images.cache import ImageCache
 
-from ..generate import HINTS, SPLITS, Refused, _occupied, layout, split_of, task_name, write_task
+from ..generate import HINTS, SPLITS, Refused, layout, occupied, split_of, task_name, write_task
 from ..task import HOST_IMAGE, Resources
 from . import issue, slurm
 from .environment import DEFAULT_BASE, ENVIRONMENTS, Environment, check_requirement, fetch, require_images, work_name
@@ -273,7 +272,7 @@ def generate(opts: Options, progress: Callable[[str], None] = lambda s: None) ->
     written = []
     for name, files in tasks:
         target = opts.out / name
-        if _occupied(target) and not opts.force:
+        if occupied(target) and not opts.force:
             if _same(target, files):
                 written.append(target)
                 continue
@@ -286,13 +285,3 @@ def generate(opts: Options, progress: Callable[[str], None] = lambda s: None) ->
 def _same(target: Path, files: dict[str, bytes]) -> bool:
     have = {p.relative_to(target).as_posix(): p for p in target.rglob("*") if p.is_file()}
     return set(have) == set(files) and all(have[rel].read_bytes() == data for rel, data in files.items())
-
-
-def options(args: argparse.Namespace) -> Options:
-    sources = tuple(args.source or ())
-    given = getattr(args, "with_", [])
-    requirements = tuple(tuple(r for i, r in given if i == k) for k in range(len(sources))) if given else ()
-    return Options(sources, args.n, args.seed, args.split, Path(args.out), args.hints, args.force,
-                   args.jobs, args.clean_runs, args.test_timeout, args.find_links, args.scratch, args.slurm,
-                   args.parallelism, tuple(args.sbatch_option), requirements, getattr(args, "base_image", None),
-                   getattr(args, "image_cache", None))

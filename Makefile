@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-fast test-stress test-unit demo learn sysdeps venv clis cluster-up cluster-down bench lint clean scripts \
+.PHONY: test test-fast test-stress test-unit demo learn sysdeps venv clis cluster-up cluster-down bench lint clean scripts verifier \
 	gpu-wheels gpu-check gluster-up gluster-down
 
 # Every tier (setup.cfg's markers: unit, integration, slurm, e2e), as CI runs it: on TEST_WORKERS pytest-xdist
@@ -103,6 +103,10 @@ gpu-wheels: venv
 
 gpu-check:
 	tools/gpu_check.sh
+
+# every bundled task's tests/test.sh and tests/grade.py from agentrl/swe/verifier/ (a test fails when one is stale)
+verifier: venv
+	$(BIN)/python tools/sync_verifier.py
 
 # slurm/*.sbatch from configs/cluster-*.yaml (a test fails when they are stale)
 scripts: venv

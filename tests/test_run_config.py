@@ -78,11 +78,15 @@ def test_every_problem_of_every_section_is_reported_at_once(tiny_model, tmp_path
     with pytest.raises(RunConfigError) as e:
         load_run_config({"train": {"model": str(tiny_model), "prompt_data": "p.jsonl", "num_rollouts": 1,
                                    "rollout_batch_size": 1, "n_samples_per_prompt": 1, "rollout_temperature": 1.0},
-                         "pool": {"temperature": 0.7}, "eval": {"tasks": "e.jsonl", "top_p": 2},
+                         "pool": {"temperature": 0.7},
+                         "eval": {"tasks": "e.jsonl", "top_p": 2, "sglang": {"tpp": 2, "reasoning_parser": "qwen9"}},
                          "inference": {"engine": "gpu"}}, tmp_path, "cfg.yaml")
     lines = str(e.value).splitlines()
     assert any("cfg.yaml: inference.engine: must be one of sglang, cpu" in x for x in lines)
     assert any("cfg.yaml: eval.top_p: Input should be less than or equal to 1" in x for x in lines)
+    # eval's model server, typed: a typo shows at launch, not when eval first runs hours into training
+    assert any("cfg.yaml: eval.sglang.tpp: unknown key (a typo?)" in x for x in lines), lines
+    assert any("eval.sglang.reasoning_parser" in x and "'qwen9' is not one of SGLang" in x for x in lines), lines
     assert any("cfg.yaml: pool.temperature 0.7 differs from train.rollout_temperature 1.0" in x for x in lines), lines
 
 

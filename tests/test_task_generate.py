@@ -9,6 +9,7 @@ real `agentrl tasks check --hacks` runs in bwrap on a sample that covers every b
 import ast
 import configparser
 import dataclasses
+import importlib.util
 import json
 import os
 import random
@@ -45,12 +46,21 @@ def make(out: Path, *args: str) -> int:
 
 # --- the verifier's one source -----------------------------------------------------------------------------------
 
-def test_bundled_tasks_ship_the_canonical_verifier_and_the_wheel_carries_it():
-    canonical = gen.verifier_files()
-    assert set(canonical) == {"test.sh", "grade.py"}
-    for t in sorted(p for p in BUNDLED_TASKS.iterdir() if (p / "task.toml").exists()):
-        for name, data in canonical.items():
-            assert (t / "tests" / name).read_bytes() == data, f"{t.name}/tests/{name} differs from agentrl/swe/verifier"
+def test_bundled_tasks_ship_the_canonical_verifier_and_the_wheel_carries_it(tmp_path):
+    spec = importlib.util.spec_from_file_location("sync_verifier", ROOT / "tools" / "sync_verifier.py")
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    stale_copies = tool.stale_copies
+    assert set(gen.verifier_files()) == {"test.sh", "grade.py"}
+    stale = stale_copies()
+    assert stale == {}, f"these differ from agentrl/swe/verifier/: run `make verifier` ({sorted(map(str, stale))})"
+    # and the target mends a stale copy
+    copy = tmp_path / "tasks"
+    shutil.copytree(BUNDLED_TASKS / "roman-subtractive", copy / "roman-subtractive")
+    (copy / "roman-subtractive/tests/grade.py").write_text("# an old grader\n")
+    assert list(stale_copies(copy)) == [copy / "roman-subtractive/tests/grade.py"]
+    assert tool.main([str(copy)]) == 0 and stale_copies(copy) == {}
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
     shipped = {s.strip() for s in cfg["options.package_data"]["agentrl.swe"].replace("\n", ",").split(",")}

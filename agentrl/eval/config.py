@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hpc.inference.sglang import SGLangOptions
 from hpc.validation import validate_section
 
 from ..rollout.config import PoolConfig
@@ -29,7 +30,8 @@ class EvalConfig(BaseModel):
     engine: Literal["cpu", "sglang", "teacher"] = "cpu"
     teacher_accuracy: float = Field(default=0.5, ge=0, le=1)
     save_samples: bool = False                    # each attempt's samples as a shard in <out>/samples/
-    sglang: dict[str, Any] = Field(default_factory=dict)    # SGLangConfig fields (hpc/inference/sglang.py)
+    # engine sglang: how it serves (hpc/inference/sglang.py); eval sets the model, host, port and weight version
+    sglang: SGLangOptions = Field(default_factory=SGLangOptions)
     max_tries: int = Field(default=3, gt=0)       # per attempt, for infrastructure failures
     poll_s: float = Field(default=10.0, gt=0)     # --watch: how often to look for new checkpoints
     every: int = Field(default=1, gt=0)           # --watch: score iter_<n> when n is a multiple of this

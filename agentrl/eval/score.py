@@ -76,8 +76,8 @@ def model_server(cfg: EvalConfig, model_dir: Path, iteration: int, logs: Path):
         return
     from hpc.inference.sglang import ServerProcess, SGLangConfig, launch_command
 
-    sglang = SGLangConfig(**{**cfg.sglang, "model_path": model_dir, "port": free_port("127.0.0.1"), "host": "127.0.0.1",
-                             "weight_version": str(iteration)})
+    sglang = SGLangConfig(**cfg.sglang.model_dump(), model_path=model_dir, port=free_port("127.0.0.1"),
+                          host="127.0.0.1", weight_version=str(iteration))
     with ServerProcess(launch_command(sglang), host=sglang.host, port=sglang.port,
                        log_path=logs / f"eval-sglang-{iteration}.log") as server:
         server.start()

@@ -26,9 +26,9 @@ from torch import Tensor
 
 from .batch import RolloutBatch, StepPlan
 from .config import MegatronOptions, TrainConfig
-from .loss import policy_loss
 from .megatron_convert import HFWeights, hf_to_megatron, megatron_to_hf, rope_parameters, transformer_config_kwargs
-from .tensors import padded_tokens, response_slices, token_inputs
+from .step import grpo_micro_batches
+from .tensors import padded_tokens, response_slices
 from .torch_backend import TOKENIZER_FILES
 
 
@@ -138,29 +138,11 @@ class MegatronPolicy:
 
     def train_step(self, batch: RolloutBatch, plan: StepPlan) -> dict[str, float]:
         cfg = self.cfg
-        counts = torch.from_numpy(plan.attempt_token_counts).to(self.device, torch.float32)
-        totals: dict[str, float] = {}
         self.optimizer.zero_grad()
-        for indices in plan.micro_batches:
-            flat = {k: v.to(self.device) for k, v in token_inputs(batch, plan, indices).items()}
-            old = flat["rollout"]
-            if cfg.tis_cap is not None:      # the trainer's own behaviour policy, weighed against the sampler's
-                with torch.no_grad():
-                    old = self.response_logprobs(self.model, batch, indices)
-            ref = None
-            if self.ref is not None:
-                with torch.no_grad():
-                    ref = self.response_logprobs(self.ref, batch, indices)
-            logprobs = self.response_logprobs(self.model, batch, indices)
-            loss, metrics = policy_loss(
-                logprobs, old, flat["advantages"], flat["loss_mask"], flat["attempt"],
-                eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, ref_logprobs=ref, kl_coef=cfg.kl_coef,
-                tis_cap=cfg.tis_cap, rollout_logprobs=flat["rollout"] if cfg.tis_cap is not None else None,
-                attempt_token_counts=counts, num_attempts=len(plan.attempt_index))
-            # Gradients are summed over data-parallel ranks: the per-attempt reduction already divides by the step.
-            loss.backward()
-            for name, value in {"loss": loss.detach(), **metrics}.items():
-                totals[name] = totals.get(name, 0.0) + float(value)
+        # Gradients are summed over data-parallel ranks: the per-attempt reduction already divides by the step.
+        totals = grpo_micro_batches(
+            batch, plan, cfg, self.device, logprobs=lambda model, ix: self.response_logprobs(model, batch, ix),
+            policy=self.model, behaviour=self.model, ref=self.ref)
         grad_norm = self.optimizer.step()
         self.steps += 1
         return {**self._sum_over_data_parallel(totals), "grad_norm": grad_norm, "step_samples": plan.samples,

@@ -18,8 +18,8 @@ from torch import Tensor
 
 from .batch import RolloutBatch, StepPlan
 from .config import SFTConfig, TrainConfig
-from .loss import policy_loss
-from .tensors import first_predictor, padded_tokens, response_slices, token_inputs
+from .step import grpo_micro_batches
+from .tensors import first_predictor, padded_tokens, response_slices
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "generation_config.json")
@@ -84,32 +84,13 @@ class TorchPolicy:
     def train_step(self, batch: RolloutBatch, plan: StepPlan) -> dict[str, float]:
         cfg = self.cfg
         assert isinstance(cfg, TrainConfig), "train_step takes a TrainConfig's policy (SFT trains with sft_step)"
-        counts = torch.from_numpy(plan.attempt_token_counts).to(self.device, torch.float32)
-        totals: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
-        for k, indices in enumerate(plan.micro_batches):
-            flat = {k: v.to(self.device) for k, v in token_inputs(batch, plan, indices).items()}
-            old = flat["rollout"]
-            if cfg.tis_cap is not None:      # the trainer's own behaviour policy, weighed against the sampler's
-                with torch.no_grad():
-                    old = self.response_logprobs(self.module, batch, indices).float()
-            ref = None
-            if self.ref is not None:
-                with torch.no_grad():
-                    ref = self.response_logprobs(self.ref, batch, indices)
-            last = k == len(plan.micro_batches) - 1
-            sync = self.model.no_sync() if self.world_size > 1 and not last else nullcontext()
-            with sync:
-                logprobs = self.response_logprobs(self.model, batch, indices)
-                loss, metrics = policy_loss(
-                    logprobs, old, flat["advantages"], flat["loss_mask"], flat["attempt"],
-                    eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, ref_logprobs=ref, kl_coef=cfg.kl_coef,
-                    tis_cap=cfg.tis_cap, rollout_logprobs=flat["rollout"] if cfg.tis_cap is not None else None,
-                    attempt_token_counts=counts, num_attempts=len(plan.attempt_index))
-                # DDP averages gradients over ranks; the per-attempt reduction already divides by the step.
-                (loss * self.world_size).backward()
-            for name, value in {"loss": loss.detach(), **metrics}.items():
-                totals[name] = totals.get(name, 0.0) + float(value)
+        totals = grpo_micro_batches(
+            batch, plan, cfg, self.device, logprobs=lambda model, ix: self.response_logprobs(model, batch, ix),
+            policy=self.model, behaviour=self.module, ref=self.ref,
+            # DDP averages gradients over ranks; the per-attempt reduction already divides by the step.
+            loss_scale=self.world_size,
+            accumulating=lambda last: self.model.no_sync() if self.world_size > 1 and not last else nullcontext())
         grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), cfg.grad_clip)
         self.optimizer.step()
         self.steps += 1

@@ -60,21 +60,18 @@ REASONING_PARSERS = frozenset({
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
-class SGLangConfig(BaseModel):
-    """How to launch one SGLang server; field names follow SGLang's flags."""
+class SGLangOptions(BaseModel):
+    """How SGLang serves, whatever model it serves where: what a config sets (eval.sglang, and with the model
+    and port the inference section); field names follow SGLang's flags."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
 
-    model_path: Path
     tp: int = Field(default=1, ge=1)
     dp: int = Field(default=1, ge=1)
     mem_fraction_static: float = Field(default=0.85, gt=0, le=1)
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     context_length: int | None = Field(default=None, ge=1)
-    host: str = "0.0.0.0"
-    port: int = Field(default=30000, ge=1, le=65535)
-    weight_version: str | None = None
     skip_server_warmup: bool = False
     enable_memory_saver: bool = False       # colocated training: /release_memory_occupation needs it
     python: str = "python3"                  # the interpreter of SGLang's environment (inside `container`, if any)
@@ -91,6 +88,15 @@ class SGLangConfig(BaseModel):
     @classmethod
     def _known_reasoning_parser(cls, name: str | None) -> str | None:
         return _known(name, REASONING_PARSERS)
+
+
+class SGLangConfig(SGLangOptions):
+    """How to launch one SGLang server: its options, the model and where it listens."""
+
+    model_path: Path
+    host: str = "0.0.0.0"
+    port: int = Field(default=30000, ge=1, le=65535)
+    weight_version: str | None = None
 
 
 def _known(name: str | None, names: frozenset[str]) -> str | None:

@@ -47,7 +47,7 @@ COMMANDS = (
     Command("train", "agentrl.train.cli", "the GRPO trainer role (one process per rank)", role=True),
     Command("sft", "agentrl.train.sft",
             "fine-tune a model on recorded samples (the warm start before RL, or distillation)"),
-    Command("pool", "agentrl.rollout.cli", "the rollout pool role (one worker per CPU node)", role=True),
+    Command("pool", "agentrl.pool.cli", "the rollout pool role (one worker per CPU node)", role=True),
     Command("serve", "agentrl.commands.serve",
             "the inference role: one model server per task (SGLang or the CPU stand-in)", role=True),
     Command("report", "agentrl.report.render", "a run's metrics and eval results as report.md with PNG plots"),

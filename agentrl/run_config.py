@@ -4,7 +4,7 @@
     launch:            the roles and their Slurm resources (hpc.launch.plan)
     inference:         the model servers (hpc.inference.serve)
     train:             the trainer (agentrl.train.config)
-    pool:              the rollout pool (agentrl.rollout.config)
+    pool:              the rollout pool (agentrl.pool.config)
     eval:              checkpoint eval (agentrl.eval.config)
     config_dir         recorded by `agentrl launch`: the directory of the file it was given
 
@@ -31,7 +31,7 @@ from hpc.launch.plan import PlanError, load_plan
 from hpc.runlayout import RunLayout
 
 from .eval.config import EvalConfig, EvalConfigError, load_eval_config
-from .rollout.config import PoolConfig, PoolConfigError, load_pool_config
+from .pool.config import PoolConfig, PoolConfigError, load_pool_config
 from .train.config import TrainConfig, TrainConfigError, load_train_config
 
 SECTIONS = ("launch", "inference", "train", "pool", "eval")

@@ -31,7 +31,7 @@ UNKNOWN_VERSION = -1     # in token_versions: not the model's token (prompt, too
 
 
 class AttemptMetadata(BaseModel):
-    """What the pool records of one attempt (agentrl.rollout.attempt); None where it was not recorded."""
+    """What the pool records of one attempt (agentrl.pool.attempt); None where it was not recorded."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

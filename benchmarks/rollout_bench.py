@@ -59,10 +59,10 @@ import orjson
 
 from agentrl.adapter.service import Adapter
 from agentrl.models.tiny import EOS_TOKEN, assistant_text, make_tiny_model
+from agentrl.pool.config import load_pool_config
+from agentrl.pool.worker import PoolWorker
 from agentrl.prompts.groups import open_rollout
 from agentrl.prompts.source import PromptSource, load_prompt_rows
-from agentrl.rollout.config import load_pool_config
-from agentrl.rollout.worker import PoolWorker
 from agentrl.sample import SAMPLE_CODEC
 from agentrl.swe.harbor import BUNDLED_TASKS, convert_task, expand_task_dirs
 from agentrl.swe.loaded import load_record

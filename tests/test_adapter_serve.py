@@ -112,10 +112,15 @@ def test_the_config_takes_a_runs_registry(tiny_model, tmp_path):
     from pydantic import ValidationError
 
     (tmp_path / "run/services").mkdir(parents=True)
-    cfg = AdapterConfig(tokenizer=tiny_model, upstreams=[f"registry:{tmp_path / 'run'}"])
+    cfg = AdapterConfig(tokenizer=tiny_model, registry=tmp_path / "run")
     assert callable(cfg.servers()) and cfg.servers()() == []
     with pytest.raises(ValidationError, match="no services/ directory"):
-        AdapterConfig(tokenizer=tiny_model, upstreams=[f"registry:{tmp_path}"])
+        AdapterConfig(tokenizer=tiny_model, registry=tmp_path)
+    for neither_or_both in ({}, {"upstreams": ["http://a:1"], "registry": tmp_path / "run"}):
+        with pytest.raises(ValidationError, match="upstreams.*or a run directory .registry., one of the two"):
+            AdapterConfig(tokenizer=tiny_model, **neither_or_both)
+    with pytest.raises(ValidationError, match="must start with http"):       # the old spelling, in a config
+        AdapterConfig(tokenizer=tiny_model, upstreams=[f"registry:{tmp_path / 'run'}"])
 
 
 def test_a_socket_path_longer_than_a_unix_address_holds_is_refused_before_anything_starts(tmp_path):

@@ -71,7 +71,7 @@ def test_an_eval_attempt_whose_lease_is_lost_is_cancelled(tmp_path, monkeypatch)
     """The eval used to keep running an attempt another evaluator had taken over."""
     from types import SimpleNamespace
 
-    import agentrl.rollout.claimed as claimed
+    import agentrl.pool.claimed as claimed
 
     cancelled = []
 

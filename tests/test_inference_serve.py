@@ -17,12 +17,13 @@ from waiting import wait_until
 
 from agentrl.adapter.upstream import parse_generation, sglang_payload
 from agentrl.cli import main as agentrl_main
+from hpc.inference.cpu_server import ServeOptions
 from hpc.inference.serve import (
     CpuServe,
     InferenceConfigError,
     RoleEnv,
     SGLangServe,
-    cpu_server_argv,
+    cpu_server_options,
     gpu_shortfall,
     parse_inference,
 )
@@ -61,14 +62,14 @@ def test_an_sglang_section_becomes_each_tasks_server(tmp_path):
     assert parse_inference({**section, "container": None}, 0).for_task(0, tmp_path).binds == ["/scratch"]
 
 
-def test_a_cpu_section_becomes_the_stand_ins_arguments(tmp_path):
+def test_a_cpu_section_becomes_the_stand_ins_options(tmp_path):
     cfg = parse_inference({"engine": "cpu", "model": "/models/tiny", "port": 30000, "heartbeat_s": 0.5}, 2)
     assert isinstance(cfg, CpuServe)
-    assert cpu_server_argv(cfg, tmp_path, 2) == [
-        "--model", "/models/tiny", "--host", "0.0.0.0", "--port", "30002", "--weight-version", "default",
-        "--register", str(tmp_path), "--index", "2", "--heartbeat-s", "0.5", "--threads", "1"]
+    assert cpu_server_options(cfg, tmp_path, 2, tmp_path / "alive") == ServeOptions(
+        model=Path("/models/tiny"), host="0.0.0.0", port=30002, weight_version="default", register=tmp_path, index=2,
+        heartbeat_s=0.5, liveness_file=tmp_path / "alive", threads=1)
     threads = parse_inference({"engine": "cpu", "model": "/m", "threads": 2}, 0)
-    assert cpu_server_argv(threads, tmp_path, 0)[-2:] == ["--threads", "2"]
+    assert cpu_server_options(threads, tmp_path, 0).threads == 2
 
 
 @pytest.mark.parametrize("section, index, message", [

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.pool.config import load_pool_config
+from agentrl.pool.worker import PoolWorker
 from agentrl.prompts.groups import RolloutGroups, RolloutGroupsError, open_rollout
 from agentrl.prompts.source import PromptSource, load_prompt_rows, rows_fingerprint
-from agentrl.rollout.config import load_pool_config
-from agentrl.rollout.worker import PoolWorker
 from hpc.ledger import Ledger
 from hpc.runlayout import RunLayout
 

@@ -5,7 +5,7 @@ import logging
 import numpy as np
 import pytest
 
-from agentrl.rollout.metrics import pass_at_k, rollout_report
+from agentrl.pool.metrics import pass_at_k, rollout_report
 from agentrl.sample import Sample, SampleMetadata
 
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from scripted_upstream import ScriptedUpstream, logprob
 
+from agentrl.pool.config import load_pool_config
+from agentrl.pool.trace import AttemptTrace, trace_path
+from agentrl.pool.worker import SPANS, PoolWorker
 from agentrl.prompts.groups import open_rollout
 from agentrl.prompts.source import PromptSource, load_prompt_rows
-from agentrl.rollout.config import load_pool_config
-from agentrl.rollout.trace import AttemptTrace, trace_path
-from agentrl.rollout.worker import SPANS, PoolWorker
 from agentrl.sample import SAMPLE_CODEC
 from agentrl.swe.harbor import BUNDLED_TASKS
 from agentrl.train.config import load_train_config
@@ -221,7 +221,7 @@ def test_a_record_that_is_not_a_task_fails_its_claim_and_not_the_worker():
     from collections import Counter
     from types import SimpleNamespace
 
-    from agentrl.rollout.worker import PoolWorker
+    from agentrl.pool.worker import PoolWorker
     from agentrl.swe.loaded import load_record
     from hpc.ledger import Claim
 
@@ -247,8 +247,8 @@ def test_a_shard_the_filesystem_refuses_fails_the_claim_named_and_not_the_worker
 
     import numpy as np
 
-    from agentrl.rollout import claimed
-    from agentrl.rollout.attempt import AttemptOutcome
+    from agentrl.pool import claimed
+    from agentrl.pool.attempt import AttemptOutcome
     from agentrl.sample import AttemptMetadata, Sample
 
     sample = Sample(tokens=np.arange(6), response_length=3, loss_mask=np.ones(3), rollout_log_probs=np.zeros(3),

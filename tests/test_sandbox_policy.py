@@ -148,7 +148,7 @@ def test_supervisor_imports_only_the_standard_library():
 def test_the_pool_says_once_which_limits_a_node_cannot_enforce(caplog):
     from types import SimpleNamespace
 
-    from agentrl.rollout.attempt import _report_limits
+    from agentrl.pool.attempt import _report_limits
     ctx = SimpleNamespace(limits_reported=False)
     why = "no cgroup v1 memory controller mounted at /sys/fs/cgroup/memory"
     sandbox = SimpleNamespace(unenforced={"memory_mb": why})

@@ -10,7 +10,7 @@ import time
 import pytest
 from ci import skip_or_fail
 
-from agentrl.rollout.attempt import InfraError, _broken_by_agent
+from agentrl.pool.attempt import InfraError, _broken_by_agent
 from hpc.images.hostroot import build_host_rootfs
 from hpc.sandbox.base import SandboxError, SandboxSpec
 from hpc.sandbox.bwrap import BwrapSandbox
@@ -120,7 +120,7 @@ def test_its_processes_get_the_memory_limit_less_what_tmp_holds_and_the_oom_kill
 
 
 def test_a_sandbox_that_fails_with_no_limit_hit_is_an_infrastructure_failure_and_with_one_the_agents(tmp_path):
-    """The attempt's classification (agentrl.rollout.attempt): by the kernel's counters, not the error."""
+    """The attempt's classification (agentrl.pool.attempt): by the kernel's counters, not the error."""
     async def go():
         async with BwrapSandbox(SandboxSpec(limits=Limits(pids=24))) as sb:
             await sb.exec(FORKS, cwd="/")

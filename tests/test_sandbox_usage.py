@@ -67,7 +67,7 @@ def test_storage_is_a_disk_image_unless_the_node_cannot(monkeypatch):
 def test_a_pool_says_once_that_its_node_fell_back_to_tmpfs_and_not_when_tmpfs_was_asked_for(caplog):
     from types import SimpleNamespace
 
-    from agentrl.rollout.attempt import _report_limits
+    from agentrl.pool.attempt import _report_limits
     fell_back = SimpleNamespace(unenforced={}, storage={"backing": "tmpfs", "why": "no loop devices on this node"})
     asked = SimpleNamespace(unenforced={}, storage={"backing": "tmpfs", "why": None})
     for sandboxes in ([fell_back, fell_back], [asked]):

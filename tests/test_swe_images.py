@@ -88,7 +88,7 @@ def test_image_names_resolve_by_runtime(python_image, tmp_path):
 
 def test_eval_finds_a_tasks_image_in_its_image_cache(python_image, tiny_model, tmp_path):
     """eval.pool.image_cache is honoured as pool.image_cache is: eval's attempts take the pool's path
-    (agentrl.rollout.claimed), image cache included. Without the cache every try is an infrastructure
+    (agentrl.pool.claimed), image cache included. Without the cache every try is an infrastructure
     failure naming the command that builds the image."""
     cache = tmp_path / "cache"
     task = _task_with_image("roman-subtractive", str(python_image), tmp_path / "in-image")

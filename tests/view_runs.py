@@ -2,7 +2,7 @@
 
 Each attempt is a real session: ChatML turns (a system and a user prompt, a tool call, its result, a
 final text) go through a TrajectoryTree; its chains become samples (Chain.to_sample), its shard is
-written by hpc.buffer, its trace by agentrl.rollout.trace, and the ledger commits it, as the pool does.
+written by hpc.buffer, its trace by agentrl.pool.trace, and the ledger commits it, as the pool does.
 An attempt may fork (a last turn that continues no earlier one: a second sample) or retry its last call
 (a branch: a second sample whose shared trunk is trained in the first). The tokens come from
 `encode`: the tiny model's tokenizer, or CharTokenizer below where no model is needed.
@@ -18,8 +18,8 @@ from pathlib import Path
 from agentrl.adapter.trajectory import TrajectoryTree, Turn
 from agentrl.harness.base import Trajectory
 from agentrl.harness.empty_patch import EmptyPatchClass
-from agentrl.rollout.attempt import AttemptOutcome
-from agentrl.rollout.trace import trace_path, write_trace
+from agentrl.pool.attempt import AttemptOutcome
+from agentrl.pool.trace import trace_path, write_trace
 from agentrl.sample import SAMPLE_CODEC, AttemptMetadata
 from agentrl.swe.episode import Grade
 from hpc.buffer import write_shard

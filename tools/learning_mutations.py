@@ -61,7 +61,7 @@ MINI_MUTATIONS: dict[str, tuple[str, str, str]] = {
         "            own = [node for node in chain if node.kept and node.index not in trained]\n",
         "            own = [node for node in chain if node.kept]\n"),
     "the reward on a forked attempt's last sample only": (
-        "agentrl/rollout/attempt.py",
+        "agentrl/pool/attempt.py",
         "        samples = [chain.to_sample(reward=grade.reward, group_index=group,",
         "        samples = [chain.to_sample(reward=grade.reward if chain is finished.chains[-1] else 0.0, "
         "group_index=group,"),

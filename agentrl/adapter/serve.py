@@ -159,7 +159,10 @@ def run(args: argparse.Namespace) -> int:
 
     none = {"none": None, "": None}
     try:
-        config = AdapterConfig(tokenizer=args.tokenizer, upstreams=[u for u in args.upstream.split(",") if u],
+        given = args.upstream.strip()
+        source = {"registry": Path(given.removeprefix("registry:"))} if given.startswith("registry:") else \
+            {"upstreams": [u for u in given.split(",") if u]}
+        config = AdapterConfig(tokenizer=args.tokenizer, **source,
                                tool_parser=none.get(args.tool_parser, args.tool_parser),
                                reasoning_parser=none.get(args.reasoning_parser, args.reasoning_parser),
                                max_context=args.max_context, max_new_tokens=args.max_new_tokens,

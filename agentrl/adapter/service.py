@@ -33,7 +33,8 @@ class AdapterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tokenizer: Path
-    upstreams: list[str] = Field(min_length=1)    # URLs, or ["registry:RUN_DIR"]: the run's live inference servers
+    upstreams: list[str] = Field(default_factory=list)     # the model servers' URLs; or, instead,
+    registry: Path | None = None         # a run directory: its live inference servers (RUN/services), as they change
     tool_parser: str | None = "qwen3_coder"
     reasoning_parser: str | None = "qwen3"
     max_context: int = Field(default=32768, gt=0)
@@ -59,19 +60,23 @@ class AdapterConfig(BaseModel):
     @field_validator("upstreams")
     @classmethod
     def _urls(cls, v: list[str]) -> list[str]:
-        if len(v) == 1 and v[0].startswith("registry:"):
-            if not (Path(v[0].removeprefix("registry:")) / "services").is_dir():
-                raise ValueError(f"{v[0]}: no services/ directory there: name a run directory")
-            return v
         bad = [u for u in v if not u.startswith(("http://", "https://"))]
         if bad:
-            raise ValueError(f"upstream URLs must start with http:// or https:// (or be one registry:RUN_DIR): {bad}")
+            raise ValueError(f"upstream URLs must start with http:// or https:// (a run's servers: registry): {bad}")
         return v
 
+    @model_validator(mode="after")
+    def _one_source(self) -> AdapterConfig:
+        if (self.registry is None) == (not self.upstreams):
+            raise ValueError("give the model servers' URLs (upstreams) or a run directory (registry), one of the two")
+        if self.registry is not None and not (self.registry / "services").is_dir():
+            raise ValueError(f"registry {self.registry}: no services/ directory there: name a run directory")
+        return self
+
     def servers(self) -> list[str] | Callable[[], list[str]]:
-        if self.upstreams[0].startswith("registry:"):
+        if self.registry is not None:
             from hpc.registry import Registry
-            return registry_servers(Registry(Path(self.upstreams[0].removeprefix("registry:")) / "services"))
+            return registry_servers(Registry(self.registry / "services"))
         return self.upstreams
 
     @model_validator(mode="after")

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hpc.inference.sglang import SGLangOptions
 from hpc.validation import validate_section
 
-from ..rollout.config import PoolConfig
+from ..pool.config import PoolConfig
 
 
 class EvalConfigError(ValueError):

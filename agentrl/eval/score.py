@@ -9,14 +9,14 @@
     eval/iter_<n>/summary.json     pass@1, pass@k, empty patches, infra failures, timings, the config;
                                    written last: an iteration with it is scored
     eval/iter_<n>/trajectories/<g>-<a>-<try>.json  the attempt's trace: patch, grader's output, the
-                                   agent's exit (agentrl.rollout.trace; `agentrl view` reads it)
+                                   agent's exit (agentrl.pool.trace; `agentrl view` reads it)
     eval/iter_<n>/samples/         with save_samples: each committed attempt's samples as a buffer
                                    shard, for `agentrl sft` (the teacher's demonstrations, say)
 
 The model is served for the duration by an inference server on the checkpoint's HF export (the CPU
 stand-in, or SGLang on a GPU node) and an adapter of the evaluator's own, on a Unix socket in its
 scratch directory: never a fixed port that a training adapter may claim later. Each attempt takes the
-pool worker's path from claim to commit (agentrl.rollout.claimed), with the `eval.pool` settings: the
+pool worker's path from claim to commit (agentrl.pool.claimed), with the `eval.pool` settings: the
 same sandboxes, image cache, limits and failure rules.
 """
 
@@ -41,9 +41,9 @@ from hpc.launch.distenv import free_port
 from hpc.ledger import Claim, Ledger
 
 from ..adapter.service import Adapter
-from ..rollout.attempt import PoolContext
-from ..rollout.claimed import AttemptRecords, adapter_config, attempt_context, default_tools_dir, run_claimed
-from ..rollout.metrics import pass_at_k
+from ..pool.attempt import PoolContext
+from ..pool.claimed import AttemptRecords, adapter_config, attempt_context, default_tools_dir, run_claimed
+from ..pool.metrics import pass_at_k
 from ..swe.loaded import LoadedTask
 from .config import EvalConfig
 
@@ -119,7 +119,7 @@ class CheckpointEval:
         logs.mkdir(exist_ok=True)
         sock_dir = Path(pool.scratch_dir or "/tmp") / f"agentrl-{self.worker_id}"
         with model_server(cfg, model_dir, self.iteration, logs) as url:
-            adapter = Adapter(adapter_config(pool, model_dir, [url]))
+            adapter = Adapter(adapter_config(pool, model_dir, upstreams=[url]))
             async with attempt_context(pool, adapter, sock_dir, default_tools_dir(pool)) as ctx:
                 await self._attempts(ledger, ctx)
         return self.summarize(ledger)

@@ -20,7 +20,7 @@ from hpc.validation import validate_section
 
 from .source import PromptSource, rows_fingerprint
 
-PAYLOAD_KIND: Final = "agentrl.rollout-groups"
+PAYLOAD_KIND: Final = "agentrl.pool-groups"
 PAYLOAD_VERSION: Final = 1
 
 
@@ -38,7 +38,7 @@ class GroupTask(BaseModel):
 class RolloutGroups(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["agentrl.rollout-groups"] = PAYLOAD_KIND
+    kind: Literal["agentrl.pool-groups"] = PAYLOAD_KIND
     version: Literal[1] = PAYLOAD_VERSION
     prompt_data_sha256: str
     num_rows: int = Field(gt=0)

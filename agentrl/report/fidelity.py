@@ -31,7 +31,7 @@ from hpc.buffer import read_rollout
 from hpc.ledger import Ledger
 from hpc.runlayout import RunLayout
 
-from ..rollout.metrics import fidelity
+from ..pool.metrics import fidelity
 from ..sample import SAMPLE_CODEC, UNKNOWN_VERSION, Sample
 
 ATOL = 2e-3        # nats: the inference server's and a full forward's float32 sums differ by about 1e-5
@@ -135,7 +135,7 @@ def mask_mismatches(samples: Iterable[Sample], chains: dict[tuple[int, int], lis
 
 
 def attempt_traces(run: RunLayout, ledger: Ledger, rollout: int, groups: Sequence[int]) -> dict[tuple[int, int], dict]:
-    """Each committed attempt's trace (rollout/trace.py's AttemptTrace, as JSON): the committed try's."""
+    """Each committed attempt's trace (pool/trace.py's AttemptTrace, as JSON): the committed try's."""
     generation = ledger.status(rollout).generation
     out = {}
     for (g, a), commit in ledger.commits(rollout, set(groups)).items():

@@ -31,10 +31,10 @@ from hpc.ledger import Ledger
 from hpc.registry import Registry
 from hpc.runlayout import RunLayout
 
+from ..pool.metrics import rollout_report
 from ..prompts.groups import RolloutGroups, open_rollout, rollout_payload
 from ..prompts.source import PromptSource, load_prompt_rows
 from ..report.data import parse_metrics
-from ..rollout.metrics import rollout_report
 from ..sample import SAMPLE_CODEC
 from .batch import plan_steps, rollout_batch, shuffle_rewards
 from .checkpoint import TrainerState, apply_retention, load_latest, save_checkpoint

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..adapter.parsers import parse_output
-from ..rollout.trace import SpanTrace
+from ..pool.trace import SpanTrace
 from ..sample import UNKNOWN_VERSION, Sample
 
 Decode = Callable[[Sequence[int]], str]

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..rollout.metrics import pass_at_k
-from ..rollout.trace import AttemptTrace
+from ..pool.metrics import pass_at_k
+from ..pool.trace import AttemptTrace
 from ..sample import Sample
 
 Kind = Literal["rollout", "eval"]
@@ -30,7 +30,7 @@ class AttemptRef:
     attempt: int
     try_index: int
     shard: Path | None           # its samples (hpc.buffer)
-    trace: Path | None           # agentrl.rollout.trace
+    trace: Path | None           # agentrl.pool.trace
     result: Path | None = None   # an eval's attempts/<g>-<a>-<try>.json
 
     @property

@@ -1,7 +1,7 @@
 """Reading what a run (or one eval) holds into the viewer's data (model.py). Every read is here.
 
 A rollout's attempts are those its ledger committed in its current generation, each with its shard
-(hpc.buffer) and its trace (agentrl.rollout.trace); an eval's are those its own ledger committed, each
+(hpc.buffer) and its trace (agentrl.pool.trace); an eval's are those its own ledger committed, each
 with its result (eval/iter_<n>/attempts/), its trace and, with eval.save_samples, its shard. A file
 that cannot be read becomes a problem the page states, never an exception: a viewer of a running or
 damaged run shows what it can.
@@ -20,8 +20,8 @@ from hpc.ledger_view import LedgerError, LedgerView
 from hpc.records import RecordError, read_record
 from hpc.runlayout import RunDirError, RunLayout
 
+from ..pool.trace import AttemptTrace
 from ..report.data import MetricLog, parse_metrics
-from ..rollout.trace import AttemptTrace
 from ..sample import SAMPLE_CODEC
 from .model import Attempt, AttemptRef
 
@@ -83,7 +83,7 @@ def tokenizer_path(source: Source) -> Path | None:
 
 def parsers(source: Source) -> tuple[str | None, str | None]:
     """(tool_parser, reasoning_parser) of the run's pool section; the pool's defaults where unset."""
-    from ..rollout.config import PoolConfig
+    from ..pool.config import PoolConfig
 
     pool = source.config.get("pool")
     pool = pool if isinstance(pool, dict) else {}

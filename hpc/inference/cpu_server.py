@@ -43,6 +43,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -376,8 +377,25 @@ def registry_weight_version(version: str) -> int | None:
     return int(version) if version.isdecimal() else None
 
 
-async def serve(engine: Engine, args: argparse.Namespace) -> None:
-    """Serve until SIGTERM or SIGINT; registered in RUN/services meanwhile, with --register."""
+@dataclass(frozen=True)
+class ServeOptions:
+    """How the server serves: its model, where it listens, and whether it registers in a run (what main's flags
+    set, and the inference role's `engine: cpu` section through hpc.inference.serve)."""
+    model: Path
+    host: str = "127.0.0.1"
+    port: int = 30000                    # 0: any free port
+    weight_version: str = "default"
+    random_seed: int = 0                 # seeds requests that give no sampling_seed
+    register: Path | None = None         # a run directory: registered in its services/ as inference
+    index: int = 0                       # the registry index
+    heartbeat_s: float = 5.0
+    liveness_file: Path | None = None    # touched at each heartbeat (hpc.liveness)
+    device: str = "cpu"
+    threads: int = SERVER_THREADS        # torch's intra-op threads while it serves
+
+
+async def serve(engine: Engine, args: ServeOptions) -> None:
+    """Serve until SIGTERM or SIGINT; registered in RUN/services meanwhile, with `register`."""
     import uvicorn
 
     sock = _bind(args.host, args.port)
@@ -409,10 +427,11 @@ async def serve(engine: Engine, args: argparse.Namespace) -> None:
             registry.deregister(record)
 
 
-def _register(engine: Engine, args: argparse.Namespace, port: int) -> tuple[Registry, ServiceRecord]:
+def _register(engine: Engine, args: ServeOptions, port: int) -> tuple[Registry, ServiceRecord]:
     from ..registry import Registry
     from ..runlayout import RunLayout
 
+    assert args.register is not None
     registry = Registry(RunLayout.open(args.register).services_dir)
     host = socket.gethostname() if args.host in ("0.0.0.0", "::", "") else args.host
     return registry, registry.register("inference", args.index, host=host, port=port,
@@ -450,13 +469,17 @@ def main(argv: list[str] | None = None) -> int:
     _check_device(ap, args.device)
     if args.threads < 1:
         ap.error(f"--threads must be 1 or more, got {args.threads}")
-    engine = Engine(args.model, weight_version=args.weight_version, random_seed=args.random_seed,
-                    device=args.device)
+    return run(ServeOptions(**vars(args)))
+
+
+def run(opts: ServeOptions) -> int:
+    """Serve `opts.model` until SIGTERM or SIGINT; 0."""
+    engine = Engine(opts.model, weight_version=opts.weight_version, random_seed=opts.random_seed, device=opts.device)
     # uvicorn re-raises the signal that stopped it once it is done; by then there is nothing left to do.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    with torch_threads(args.threads):
-        asyncio.run(serve(engine, args))
+    with torch_threads(opts.threads):
+        asyncio.run(serve(engine, opts))
     print("cpu_server: stopped", flush=True)
     return 0
 

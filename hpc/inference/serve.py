@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..environment import RoleEnv
 from ..runlayout import RunLayout
 from ..validation import problems
+from . import cpu_server
 from .cpu_server import SERVER_THREADS
 from .sglang import SGLangConfig, advertised_host
 
@@ -99,12 +100,12 @@ def gpu_shortfall(cfg: SGLangServe, env: RoleEnv, source: str = "inference") -> 
             f"(CUDA_VISIBLE_DEVICES={','.join(env.visible_gpus)}): raise the role's gpus_per_task or lower tp/dp")
 
 
-def cpu_server_argv(cfg: CpuServe, run_root: Path, index: int, liveness_file: Path | None = None) -> list[str]:
-    """hpc.inference.cpu_server's arguments for task `index`; it registers and heartbeats itself."""
-    argv = ["--model", str(cfg.model), "--host", cfg.host, "--port", str(cfg.port + index),
-            "--weight-version", cfg.weight_version, "--register", str(run_root), "--index", str(index),
-            "--heartbeat-s", str(cfg.heartbeat_s), "--threads", str(cfg.threads)]
-    return argv + (["--liveness-file", str(liveness_file)] if liveness_file else [])
+def cpu_server_options(cfg: CpuServe, run_root: Path, index: int,
+                       liveness_file: Path | None = None) -> cpu_server.ServeOptions:
+    """How hpc.inference.cpu_server serves task `index`: registered in the run, heartbeating itself."""
+    return cpu_server.ServeOptions(model=cfg.model, host=cfg.host, port=cfg.port + index,
+                                   weight_version=cfg.weight_version, register=run_root, index=index,
+                                   heartbeat_s=cfg.heartbeat_s, liveness_file=liveness_file, threads=cfg.threads)
 
 
 def run_sglang(cfg: SGLangServe, run_root: Path, index: int, liveness_file: Path | None = None) -> int:
@@ -149,9 +150,7 @@ def serve(section: Any, run_root: Path, env: RoleEnv, source: str = "inference")
     cfg = parse_inference(section, env.task_index, source)
     cfg = with_published_weights(cfg, run_root)
     if isinstance(cfg, CpuServe):
-        from . import cpu_server
-
-        return cpu_server.main(cpu_server_argv(cfg, run_root, env.task_index, env.heartbeat_file))
+        return cpu_server.run(cpu_server_options(cfg, run_root, env.task_index, env.heartbeat_file))
     if problem := gpu_shortfall(cfg, env, source):
         raise InferenceConfigError(problem)
     return run_sglang(cfg, run_root, env.task_index, env.heartbeat_file)

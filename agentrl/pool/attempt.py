@@ -81,7 +81,7 @@ class AttemptOutcome:
     reward: float
     metadata: AttemptMetadata
     timings: dict[str, float] = field(default_factory=dict)     # the phases' lengths, unrounded
-    # For its trace (agentrl.rollout.trace), not for training: the patch, the grade, the agent's process
+    # For its trace (agentrl.pool.trace), not for training: the patch, the grade, the agent's process
     # and what the harness read from it, and each sample's turns (TurnSpan), in the samples' order.
     patch: bytes = b""
     grade: episode.Grade | None = None

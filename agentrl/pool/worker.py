@@ -17,7 +17,7 @@ within max_tries), anything unexpected is logged and failed the same way.
 
 Timing (benchmarks/rollout_bench.py): `on_span(claim, name, start, end)`, in time.monotonic seconds,
 hears each of SPANS of every attempt as it ends: its claim, the whole run_attempt, the phases inside it
-(agentrl.rollout.attempt.ATTEMPT_SPANS), the shard write and the commit. claim, shard and commit are
+(agentrl.pool.attempt.ATTEMPT_SPANS), the shard write and the commit. claim, shard and commit are
 timed in the thread that does the work, and heard there, so that a span is the work and not the
 hand-off to a thread: on_span must be thread-safe. Unset, the spans cost a few clock reads per attempt.
 """
@@ -101,7 +101,7 @@ class PoolWorker:
         return self._tasks[row]
 
     def adapter(self) -> Adapter:
-        return Adapter(adapter_config(self.cfg, self.tokenizer, [f"registry:{self.run.root}"]))
+        return Adapter(adapter_config(self.cfg, self.tokenizer, registry=self.run.root))
 
     async def serve(self, stop: asyncio.Event, *, max_attempts: int | None = None) -> Counter:
         """Run until `stop` is set (or after `max_attempts`); the counts of what happened."""

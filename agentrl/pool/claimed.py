@@ -3,7 +3,7 @@
     attempt_context(...)    what every attempt of one worker shares: the harness installed, the
                             adapter served on a Unix socket, the bounds on booting and running
                             agents, the image cache (PoolContext); the socket gone at the end
-    run_claimed(...)        one claim: wait for a model server, run the attempt (agentrl.rollout.attempt),
+    run_claimed(...)        one claim: wait for a model server, run the attempt (agentrl.pool.attempt),
                             write its trace, its shard and (eval) its result, commit; or fail the claim
                             with the reason, so the ledger retries it within its bound
 
@@ -54,7 +54,7 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class AttemptRecords:
     """Where one worker's claims leave their records."""
-    trajectories: Path                 # traces (agentrl.rollout.trace)
+    trajectories: Path                 # traces (agentrl.pool.trace)
     per_rollout: bool                  # under rollout_<r>/g<gen>/ (the pool) or flat (an eval's iteration)
     shards: Path | None                # the samples as a buffer shard; None: not kept
     # eval: a result file per try (result_record), committed as the attempt's ref, relative to this
@@ -66,11 +66,13 @@ class AttemptRecords:
             raise ValueError("an attempt commits its shard or its result: give shards or results")
 
 
-def adapter_config(cfg: PoolConfig, tokenizer: Path, upstreams: list[str]) -> AdapterConfig:
-    """The adapter's settings from the pool's: one place, whoever serves the attempts."""
-    return AdapterConfig(tokenizer=tokenizer, upstreams=upstreams, tool_parser=cfg.tool_parser,
-                         reasoning_parser=cfg.reasoning_parser, max_context=cfg.max_context,
-                         max_new_tokens=cfg.max_new_tokens, model_name=cfg.model_name)
+def adapter_config(cfg: PoolConfig, tokenizer: Path, *, upstreams: list[str] | None = None,
+                   registry: Path | None = None) -> AdapterConfig:
+    """The adapter's settings from the pool's, its model servers given (URLs, or a run's registry): one place,
+    whoever serves the attempts."""
+    return AdapterConfig(tokenizer=tokenizer, upstreams=upstreams or [], registry=registry,
+                         tool_parser=cfg.tool_parser, reasoning_parser=cfg.reasoning_parser,
+                         max_context=cfg.max_context, max_new_tokens=cfg.max_new_tokens, model_name=cfg.model_name)
 
 
 def default_tools_dir(cfg: PoolConfig) -> Path:

@@ -77,7 +77,9 @@ def test_a_streamed_turn_longer_than_the_read_timeout_completes_with_keepalives(
     # the chat API's first chunk (the role) goes out at once, like the other APIs' opening events
     first_reply = [i for i, (_, line) in enumerate(lines) if line.startswith(first)][1 if api == "chat" else 0]
     assert lines[0][0] == 0                               # the response started before the model answered
-    assert len(beats) >= 2 and all(lines[i][0] == 0 for i in beats)       # then kept the line busy meanwhile,
+    # then kept the line busy while the model worked (on a loaded machine one more may go out while the adapter
+    # reads the model's answer: it is busy then too)
+    assert sum(lines[i][0] == 0 for i in beats) >= 2
     assert max(beats) < first_reply and lines[first_reply][0] == 1        # until the reply, after the answer
     assert lines[-1][1].startswith(last)
     assert gave_up_after >= READ_TIMEOUT_S and answered_when_given_up == [1]    # gave up while the model worked

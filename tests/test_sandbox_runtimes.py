@@ -82,6 +82,9 @@ elif args[:2] == ["instance", "start"]:
     if os.path.exists(os.path.join(STATE, "fail-start")):
         sys.exit("FATAL:   container creation failed: mount hook function failure")
     image, name = rest
+    # An instance's init handles its own signals, whatever its starter inherited (a shell's background job
+    # ignores SIGINT, and the sleeper would too)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     home = opts["--home"][0].split(":")
     binds = [b.split(":")[:2] for b in opts.get("--bind", [])] + [home]
     sleeper = subprocess.Popen(["sleep", "864242"], start_new_session=True, stdin=subprocess.DEVNULL,
@@ -98,7 +101,10 @@ elif args[:2] == ["instance", "stop"]:
     if st is None:
         sys.exit("FATAL:   no instance found")
     os.kill(st["pid"], signal.SIGKILL if "--force" in opts else signal.SIGINT)
+    deadline = time.monotonic() + float(opts.get("--timeout", ["10"])[0])
     while alive(st["pid"]):
+        if time.monotonic() > deadline:     # as Apptainer: SIGKILL once the grace is over
+            os.kill(st["pid"], signal.SIGKILL)
         time.sleep(0.01)
     os.unlink(os.path.join(STATE, rest[0] + ".json"))
     with open(os.path.join(STATE, "stopped.jsonl"), "a") as f:     # when each stop returned: a failure's story
@@ -190,7 +196,8 @@ def test_lifecycle_command_lines_and_no_host_environment(fake, repo, image, tmp_
     assert (fail.exit_code, fail.stderr) == (7, b"oops\n")
     log = calls()
     stopped = fake[0] / "stopped.jsonl"
-    story = [(round(c["t"], 2), c["argv"]) for c in log] + [(stopped.read_text() if stopped.exists() else "")]
+    story = "\n".join([f"{c['t']:.2f} {' '.join(c['argv'])}" for c in log] +
+                      [f"stopped: {stopped.read_text() if stopped.exists() else 'never'}"])
     assert verbs(log) == ["overlay create", "instance start", "instance list", "exec", "exec",
                           "instance stop", "instance list"], story
     name = sb.name

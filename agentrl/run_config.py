@@ -26,9 +26,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from hpc.environment import RoleEnv
-from hpc.inference.serve import InferenceConfigError, parse_inference
-from hpc.launch.plan import PlanError, load_plan
+from hpc.inference.serve import CpuServe, InferenceConfigError, SGLangServe, parse_inference
+from hpc.launch.plan import Plan, PlanError, load_plan
 from hpc.runlayout import RunLayout
+from hpc.validation import ConfigFileError, read_yaml_file
 
 from .eval.config import EvalConfig, EvalConfigError, load_eval_config
 from .pool.config import PoolConfig, PoolConfigError, load_pool_config
@@ -58,6 +59,8 @@ class RunConfig(BaseModel):
     train: TrainConfig | None = None
     pool: PoolConfig | None = None
     eval: EvalConfig | None = None
+    plan: Plan | None = None                          # launch:, with check_launch
+    inference: CpuServe | SGLangServe | None = None   # as task 0 serves it (each task: parse_inference)
     # What the config names that is not there, where paths went unchecked (load_run_config's check_paths)
     missing_paths: tuple[str, ...] = ()
 
@@ -110,12 +113,14 @@ def load_run_config(data: Any, base: Path, source: str, *, partitions: dict[str,
     typed: dict[str, Any] = {}
     if check_launch:
         try:
-            load_plan(raw.get("launch"), partitions)
+            if "launch" not in raw:
+                raise PlanError("has no `launch:` section: what to run where (docs/launch.md)")
+            typed["plan"] = load_plan(raw["launch"], partitions)
         except PlanError as e:
             problems.extend(f"{source}: {line}" for line in str(e).splitlines())
     if raw.get("inference") is not None:
         try:
-            parse_inference(raw["inference"], 0, source="inference")
+            typed["inference"] = parse_inference(raw["inference"], 0, source="inference")
         except InferenceConfigError as e:
             problems.extend(f"{source}: {line}" for line in str(e).splitlines())
     for name, load, error in (("train", partial(load_train_config, check_paths=check_paths), TrainConfigError),
@@ -139,14 +144,10 @@ def load_run_config(data: Any, base: Path, source: str, *, partitions: dict[str,
 
 
 def read_config_file(path: Path) -> Any:
-    import yaml
-
     try:
-        return yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise RunConfigError(f"{path}: no such config file") from None
-    except (OSError, yaml.YAMLError) as e:
-        raise RunConfigError(f"{path}: cannot be read as YAML ({e})") from None
+        return read_yaml_file(path)
+    except ConfigFileError as e:
+        raise RunConfigError(str(e)) from None
 
 
 def role_config(run_dir: Path | None, config: Path | None, *,

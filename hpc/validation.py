@@ -1,7 +1,8 @@
-"""pydantic's validation errors as `field.path: problem` lines that a person can act on."""
+"""Config files read, and pydantic's validation errors as `field.path: problem` lines that a person can act on."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -26,3 +27,19 @@ def validate_section(model: type[M], data: Any, source: str, error: type[Excepti
     except ValidationError as e:
         raise error("\n".join(f"{source}.{field}: {msg}" if field else f"{source}: {msg}"
                                for field, msg in problems(e))) from None
+
+
+class ConfigFileError(ValueError):
+    """A config file that cannot be read as YAML; the message names it."""
+
+
+def read_yaml_file(path: Path | str) -> Any:
+    """The one reader of a config file: its YAML, or ConfigFileError naming the file and why."""
+    import yaml
+
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigFileError(f"{path}: no such config file") from None
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigFileError(f"{path}: cannot be read as YAML ({e})") from None

@@ -90,6 +90,21 @@ def test_every_problem_of_every_section_is_reported_at_once(tiny_model, tmp_path
     assert any("cfg.yaml: pool.temperature 0.7 differs from train.rollout_temperature 1.0" in x for x in lines), lines
 
 
+def test_the_launch_plan_and_the_inference_section_are_parsed_once_and_kept_typed(tmp_path):
+    data = {"launch": launch_section(("trainer", ["true"], {"policy": "fail-run"})),
+            "inference": {"engine": "cpu", "model": "weights", "port": 31000}}
+    config = load_run_config(data, tmp_path, "cfg.yaml", check_launch=True)
+    assert config.plan is not None and list(config.plan.roles) == ["trainer"]
+    assert config.inference is not None and config.inference.port == 31000 and config.inference.engine == "cpu"
+    assert load_run_config(data, tmp_path, "cfg.yaml").plan is None       # launch: checked only when asked
+    with pytest.raises(RunConfigError, match="cfg.yaml: has no `launch:` section"):
+        load_run_config({"inference": data["inference"]}, tmp_path, "cfg.yaml", check_launch=True)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("launch: [unclosed\n")
+    r = agentrl("launch", str(bad), "--dry-run")
+    assert r.returncode == 2 and f"{bad}: cannot be read as YAML" in r.stderr, r.stderr
+
+
 @pytest.mark.integration
 def test_a_role_that_exits_2_for_its_config_is_not_restarted(tmp_path):
     bad = [sys.executable, "-c", "import sys; print('pool: bad config', file=sys.stderr); sys.exit(2)"]

@@ -9,9 +9,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from hpc.launch.executors import load_config
 from hpc.launch.plan import load_plan
 from hpc.launch.sbatch import render_sbatch
+from hpc.validation import read_yaml_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def rendered() -> dict[Path, str]:
     out = {}
     for cfg in sorted((ROOT / "configs").glob("cluster-*.yaml")):
-        plan = load_plan(load_config(cfg)["launch"])
+        plan = load_plan(read_yaml_file(cfg)["launch"])
         out[ROOT / "slurm" / f"{cfg.stem}.sbatch"] = render_sbatch(plan, source=f"configs/{cfg.name}") + "\n"
     return out
 

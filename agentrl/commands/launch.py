@@ -8,7 +8,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from hpc.launch.plan import load_plan
 from hpc.records import RecordError
 from hpc.runlayout import RunDirError, RunLayout
 
@@ -31,11 +30,11 @@ def run(args: argparse.Namespace) -> int:
     from hpc.launch.sbatch import render_sbatch
     from hpc.launch.slurminfo import SlurmUnavailable, partitions_from_sinfo
 
-    from ..run_config import load_run_config
+    from ..run_config import load_run_config, read_config_file
 
     try:
-        config = executors.load_config(Path(args.config))
-        section = config["launch"]
+        config = read_config_file(Path(args.config))
+        section = config.get("launch") if isinstance(config, dict) else None
         partitions = None
         if isinstance(section, dict) and "partitions" not in section:
             partitions = partitions_from_sinfo()
@@ -44,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
         # A dry run previews the plan before the paths exist (off the cluster, say): what is missing is a warning.
         checked = load_run_config(config, Path(args.config).resolve().parent, str(args.config),
                                   partitions=partitions, check_launch=True, check_paths=not args.dry_run)
-        resolved = checked.raw
-        plan = load_plan(section, partitions)
+        resolved, plan = checked.raw, checked.plan
+        assert plan is not None     # check_launch: a plan, or RunConfigError
     except (ValueError, SlurmUnavailable) as e:  # PlanError and RunConfigError are ValueErrors
         print(e, file=sys.stderr)
         return 2

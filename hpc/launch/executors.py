@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 from typing import Literal
 
 from .. import slurm
@@ -80,16 +79,3 @@ def run_local(plan: Plan, layout: RunLayout, python: str | None = None) -> int:
     _save_plan(layout, plan)
     return Driver(plan, layout, "local", python or sys.executable).run()
 
-
-def load_config(path: Path) -> dict:
-    import yaml
-
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such config file") from None
-    except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not valid YAML ({e})") from None
-    if not isinstance(data, dict) or "launch" not in data:
-        raise ValueError(f"{path}: a run config is a mapping with a `launch:` section")
-    return data

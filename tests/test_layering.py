@@ -147,3 +147,21 @@ def test_slurm_commands_run_only_in_the_slurm_module():
     offenders = {str(p.relative_to(ROOT)): found for package in PACKAGES for p in modules(package)
                  if p != ROOT / "hpc" / "slurm.py" and (found := runs_slurm(ast.parse(p.read_text())))}
     assert offenders == {}, f"Slurm is asked through hpc/slurm.py alone (as submitit's Slurm classes): {offenders}"
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph folded into packages: agentrl.pool.worker counts as agentrl.pool."""
+    def package(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+    folded: dict[str, set[str]] = {package(m): set() for m in graph}
+    for module, imports in graph.items():
+        folded[package(module)] |= {package(i) for i in imports} - {package(module)}
+    return folded
+
+
+def test_no_package_imports_itself_through_others():
+    """agentrl/commands/ holds the command lines (the roles' included), so that no package needs the run config
+    that imports its own config back."""
+    assert package_graph({"a.x.m": {"a.y.n"}, "a.y.n": {"a.x.o"}, "a.x.o": set()}) == {"a.x": {"a.y"}, "a.y": {"a.x"}}
+    found = cycles(package_graph(import_graph()))
+    assert found == [], f"import cycles between packages: {found}"

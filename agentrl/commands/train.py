@@ -39,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
 
     from hpc.launch.distenv import detect, init_process_group
 
-    from .loop import Trainer
-    from .torch_backend import barrier
+    from ..train.loop import Trainer
+    from ..train.torch_backend import barrier
 
     env = detect(os.environ)
     if env is not None and env.world_size > 1:

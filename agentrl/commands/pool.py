@@ -26,10 +26,10 @@ def run(args: argparse.Namespace) -> int:
     from hpc.records import RecordError
     from hpc.runlayout import RunDirError, RunLayout
 
+    from ..pool.config import PoolConfig, PoolConfigError
+    from ..pool.worker import PoolWorker
     from ..prompts.groups import RolloutGroupsError
     from ..run_config import RunConfigError, role_context
-    from .config import PoolConfig, PoolConfigError
-    from .worker import PoolWorker
 
     try:
         ctx = role_context(args.run_dir, args.config)

@@ -49,10 +49,10 @@ def run(args: argparse.Namespace) -> int:
     from hpc.records import RecordError
     from hpc.runlayout import RunDirError, RunLayout
 
+    from ..eval.score import CheckpointEval
+    from ..eval.watch import training_ended, watch
     from ..swe.harbor import HarborTaskError
     from ..swe.loaded import load_tasks
-    from .score import CheckpointEval
-    from .watch import training_ended, watch
 
     if args.watch == Path(""):
         from hpc.environment import RoleEnv

@@ -45,7 +45,7 @@ COMMANDS = (
             "write N Harbor tasks of a family, procedurally and reproducibly"),
     Command("adapter serve", "agentrl.adapter.serve", "run the adapter stand-alone"),
     Command("train", "agentrl.commands.train", "the GRPO trainer role (one process per rank)", role=True),
-    Command("sft", "agentrl.train.sft",
+    Command("sft", "agentrl.commands.sft",
             "fine-tune a model on recorded samples (the warm start before RL, or distillation)"),
     Command("pool", "agentrl.commands.pool", "the rollout pool role (one worker per CPU node)", role=True),
     Command("serve", "agentrl.commands.serve",

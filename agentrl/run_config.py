@@ -160,7 +160,7 @@ def role_config(run_dir: Path | None, config: Path | None, *,
     """
     if config is not None:
         data, base, source = read_config_file(config), Path(config).resolve().parent, str(config)
-    elif run_dir is not None and (Path(run_dir) / "run.yaml").exists():
+    elif run_dir is not None and RunLayout.holds_run(Path(run_dir)):
         layout = RunLayout.open(run_dir)
         data, base, source = layout.manifest().config, layout.config_base(), str(layout.manifest_path)
     elif overrides:

@@ -6,8 +6,11 @@
       ledger/                   rollout ledger (hpc.ledger)
       buffer/rollout_<id>/      sample shards (hpc.buffer)
       checkpoints/iter_<n>/     trainer state; checkpoints/latest names the newest complete one
-      eval/iter_<n>/            per-checkpoint eval results
+      eval/iter_<n>/            per-checkpoint eval results (EvalLayout)
+      launch/                   the launch's plan, state, task records, heartbeats, sbatch script (hpc.launch)
       trajectories/  metrics.jsonl  logs/
+
+Every path of a run directory is named here, and nowhere else.
 """
 
 from __future__ import annotations
@@ -78,8 +81,12 @@ class RunLayout:
     def checkpoint_dir(self, iteration: int) -> Path:
         return self.checkpoints_dir / f"iter_{iteration}"
 
+    @property
+    def evals_dir(self) -> Path:
+        return self.root / "eval"
+
     def eval_dir(self, iteration: int) -> Path:
-        return self.root / "eval" / f"iter_{iteration}"
+        return self.evals_dir / f"iter_{iteration}"
 
     @property
     def trajectories_dir(self) -> Path:
@@ -92,6 +99,45 @@ class RunLayout:
     @property
     def logs_dir(self) -> Path:
         return self.root / "logs"
+
+    def log_path(self, name: str) -> Path:
+        return self.logs_dir / f"{name}.log"
+
+    # launch/: what hpc.launch records of the run's launches
+    @property
+    def launch_dir(self) -> Path:
+        return self.root / "launch"
+
+    @property
+    def plan_path(self) -> Path:
+        return self.launch_dir / "plan.json"
+
+    @property
+    def end_path(self) -> Path:
+        return self.launch_dir / "end.json"
+
+    @property
+    def sbatch_script_path(self) -> Path:
+        return self.launch_dir / "job.sbatch"
+
+    @property
+    def submitit_dir(self) -> Path:
+        return self.launch_dir / "submitit"
+
+    @property
+    def task_records_dir(self) -> Path:
+        return self.launch_dir / "tasks"
+
+    def task_record_path(self, role: str, index: int) -> Path:
+        return self.task_records_dir / f"{role}-{index}.json"
+
+    def heartbeat_path(self, role: str, index: int) -> Path:
+        return self.launch_dir / "heartbeats" / f"{role}-{index}"
+
+    @staticmethod
+    def holds_run(path: Path | str) -> bool:
+        """Whether `path` is a run directory (it has a manifest)."""
+        return (Path(path) / "run.yaml").exists()
 
     # -- lifecycle -----------------------------------------------------------
     @classmethod
@@ -136,7 +182,7 @@ class RunLayout:
         replaced atomically. Only while no role runs: they read it when they start.
         """
         old = self.manifest()
-        history = self.root / "launch" / "config-history"
+        history = self.launch_dir / "config-history"
         history.mkdir(parents=True, exist_ok=True)
         n = len(list(history.glob("*.yaml")))
         while not create_record(history / f"{n}.yaml", old):
@@ -187,3 +233,46 @@ class RunLayout:
             raise RecordError(path, f"holds {text!r}, not an iteration number",
                               "rewrite it with the number of the newest complete checkpoint")
         return int(text)
+
+
+@dataclass(frozen=True)
+class EvalLayout:
+    """One checkpoint's eval directory (RUN/eval/iter_<n>, or an eval's --out):
+
+        ledger/            which (task, attempt) is claimed or done
+        attempts/          one result file per committed try
+        trajectories/      each attempt's trace
+        samples/           with save_samples: the attempts' samples as buffer shards
+        logs/              the model server's log
+        results.jsonl      one line per attempt, sorted
+        summary.json       written last: an iteration with it is scored
+    """
+    root: Path
+
+    @property
+    def ledger_dir(self) -> Path:
+        return self.root / "ledger"
+
+    @property
+    def attempts_dir(self) -> Path:
+        return self.root / "attempts"
+
+    @property
+    def trajectories_dir(self) -> Path:
+        return self.root / "trajectories"
+
+    @property
+    def samples_dir(self) -> Path:
+        return self.root / "samples"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def results_path(self) -> Path:
+        return self.root / "results.jsonl"
+
+    @property
+    def summary_path(self) -> Path:
+        return self.root / "summary.json"

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     config = {**resolved, "config_dir": str(Path(args.config).resolve().parent)}
     try:
-        if (Path(run_dir) / "run.yaml").exists():
+        if RunLayout.holds_run(Path(run_dir)):
             layout = continue_run(Path(run_dir), config, accept_changes=args.accept_changes)
         else:
             layout = RunLayout.create(run_dir, config, run_id=config.get("run_id"))

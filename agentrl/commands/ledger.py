@@ -19,10 +19,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from hpc.ledger import Ledger, LedgerError
     from hpc.records import RecordError
+    from hpc.runlayout import RunLayout
 
     root = Path(args.path)
-    if (root / "run.yaml").exists():
-        root = root / "ledger"
+    if RunLayout.holds_run(root):
+        root = RunLayout(root).ledger_dir
     if not (root / "ledger.json").exists():
         print(f"{root} holds no ledger (no ledger.json): pass a run directory or its ledger/", file=sys.stderr)
         return 2

@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         ctx = role_context(args.run_dir, args.config, how="--run-dir")
         section = ctx.config.section("inference")
-        layout = RunLayout.open(ctx.run_dir) if (ctx.run_dir / "run.yaml").exists() else \
+        layout = RunLayout.open(ctx.run_dir) if RunLayout.holds_run(ctx.run_dir) else \
             RunLayout.create(ctx.run_dir, config=ctx.config.raw)
         return serve(section, layout.root, ctx.env, f"{ctx.config.source}: inference")
     except (RunConfigError, InferenceConfigError, RunDirError, RecordError) as e:

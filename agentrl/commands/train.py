@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     if env is not None and env.world_size > 1:
         init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     rank = env.rank if env else 0
-    if rank == 0 and not (run_dir / "run.yaml").exists():
+    if rank == 0 and not RunLayout.holds_run(run_dir):
         RunLayout.create(run_dir, config=ctx.config.raw)
     barrier()
     state = Trainer(RunLayout.open(run_dir), cfg, liveness_file=ctx.env.heartbeat_file).train()

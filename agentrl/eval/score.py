@@ -39,6 +39,7 @@ from hpc.claims import ClaimLoop
 from hpc.fsio import write_atomic
 from hpc.launch.distenv import free_port
 from hpc.ledger import Claim, Ledger
+from hpc.runlayout import EvalLayout
 
 from ..adapter.service import Adapter
 from ..pool.attempt import PoolContext
@@ -88,21 +89,21 @@ class CheckpointEval:
     def __init__(self, out_dir: Path, cfg: EvalConfig, tasks: Sequence[LoadedTask], iteration: int,
                  worker_id: str | None = None):
         self.out, self.cfg, self.tasks, self.iteration = Path(out_dir), cfg, list(tasks), iteration
+        self.layout = EvalLayout(self.out)
         self.worker_id = worker_id or f"eval-{socket.gethostname()}-{os.getpid()}"
-        self.attempts_dir = self.out / "attempts"
-        self.records = AttemptRecords(self.out / "trajectories", per_rollout=False,
-                                      shards=self.out / "samples" if cfg.save_samples else None,
-                                      results=self.attempts_dir)
+        self.records = AttemptRecords(self.layout.trajectories_dir, per_rollout=False,
+                                      shards=self.layout.samples_dir if cfg.save_samples else None,
+                                      results=self.layout.attempts_dir)
         self.counts: Counter = Counter()
 
     @property
     def done(self) -> bool:
-        return (self.out / "summary.json").exists()
+        return self.layout.summary_path.exists()
 
     def ledger(self) -> Ledger:
         """The iteration's ledger, opened once whoever gets here first (`Ledger.open_once`)."""
-        self.attempts_dir.mkdir(parents=True, exist_ok=True)
-        ledger = Ledger(self.out / "ledger")
+        self.layout.attempts_dir.mkdir(parents=True, exist_ok=True)
+        ledger = Ledger(self.layout.ledger_dir)
         # Reopening would be a new generation, orphaning another evaluator's claims: the first one opens.
         mine = {"tasks": [t.spec.instance_id for t in self.tasks], "n": self.cfg.n_samples}
         found = ledger.open_once(0, list(range(len(self.tasks))), self.cfg.n_samples, self.cfg.max_tries,
@@ -115,7 +116,7 @@ class CheckpointEval:
     async def run(self, model_dir: Path) -> dict[str, Any]:
         cfg, pool = self.cfg, self.cfg.pool
         ledger = self.ledger()
-        logs = self.out / "logs"
+        logs = self.layout.logs_dir
         logs.mkdir(exist_ok=True)
         sock_dir = Path(pool.scratch_dir or "/tmp") / f"agentrl-{self.worker_id}"
         with model_server(cfg, model_dir, self.iteration, logs) as url:
@@ -146,7 +147,7 @@ class CheckpointEval:
             r.setdefault("limits", [])      # an attempt evaluated before limits were recorded
         lines = [json.dumps({k: r[k] for k in RESULT_KEYS}, sort_keys=True)
                  for r in sorted(results, key=lambda r: (r["task"], r["attempt"]))]
-        write_atomic(self.out / "results.jsonl", ("\n".join(lines) + "\n").encode())
+        write_atomic(self.layout.results_path, ("\n".join(lines) + "\n").encode())
         by_task: dict[str, list[float]] = {}
         for r in results:
             by_task.setdefault(r["task"], []).append(r["reward"])
@@ -165,7 +166,7 @@ class CheckpointEval:
             "config": json.loads(self.cfg.model_dump_json()),
         }
         summary["pass@k"] = summary[f"pass@{n}"]
-        write_atomic(self.out / "summary.json", json.dumps(summary, indent=1).encode())
+        write_atomic(self.layout.summary_path, json.dumps(summary, indent=1).encode())
         return summary
 
 
@@ -174,5 +175,5 @@ async def score(out_dir: Path, model_dir: Path, cfg: EvalConfig, tasks: Sequence
     """Score (or finish scoring) one checkpoint; returns its summary (read back if it was done)."""
     ev = CheckpointEval(out_dir, cfg, tasks, iteration)
     if ev.done:
-        return json.loads((ev.out / "summary.json").read_text())
+        return json.loads(ev.layout.summary_path.read_text())
     return await ev.run(model_dir)

@@ -13,7 +13,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
-from hpc.runlayout import RunLayout
+from hpc.runlayout import EvalLayout, RunLayout
 
 from ..swe.loaded import LoadedTask
 from .config import EvalConfig
@@ -35,7 +35,7 @@ def complete_checkpoints(run: RunLayout) -> list[int]:
 
 def pending(run: RunLayout, every: int = 1) -> list[int]:
     return [n for n in complete_checkpoints(run)
-            if n % every == 0 and not (run.eval_dir(n) / "summary.json").exists()]
+            if n % every == 0 and not EvalLayout(run.eval_dir(n)).summary_path.exists()]
 
 
 async def watch(run: RunLayout, cfg: EvalConfig, tasks: Sequence[LoadedTask], *, stop: asyncio.Event,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeGuard
 
 from hpc.records import RecordError
-from hpc.runlayout import RunLayout
+from hpc.runlayout import EvalLayout, RunLayout
 
 Series = tuple[list[int], list[float]]
 
@@ -235,7 +235,7 @@ def read_eval_summaries(eval_root: Path) -> tuple[list[dict[str, Any]], list[str
     dirs = sorted((int(m.group(1)), d) for d in (eval_root.iterdir() if eval_root.is_dir() else ())
                   if (m := _EVAL_DIR.match(d.name)) and d.is_dir())
     for iteration, d in dirs:
-        path = d / "summary.json"
+        path = EvalLayout(d).summary_path
         try:
             summary = json.loads(path.read_text())
         except FileNotFoundError:
@@ -314,6 +314,6 @@ def read_run(root: Path | str) -> RunData:
         metrics: MetricLog | None = parse_metrics(run.metrics_path.read_text(errors="replace"))
     except FileNotFoundError:
         metrics = None
-    evals, eval_problems = read_eval_summaries(run.root / "eval")
+    evals, eval_problems = read_eval_summaries(run.evals_dir)
     return RunData(run.root, manifest.run_id, manifest.created, manifest.config, latest, metrics, evals,
                    problems + eval_problems)

@@ -32,7 +32,7 @@ import torch
 
 from hpc.fsio import fsync_dir, fsync_tree
 from hpc.records import Record, read_record, write_record
-from hpc.runlayout import RunLayout
+from hpc.runlayout import EvalLayout, RunLayout
 
 
 class TrainerState(Record):
@@ -144,7 +144,7 @@ def apply_retention(run: RunLayout, *, keep_last: int, keep_exports: str) -> Ret
             complete[int(suffix)] = (state.full, (p / "hf").is_dir())
     published = run.published_weights()
     plan = retention_plan(complete, keep_last=keep_last, keep_exports=keep_exports,
-                          evaluated={n for n in complete if (run.eval_dir(n) / "summary.json").is_file()},
+                          evaluated={n for n in complete if EvalLayout(run.eval_dir(n)).summary_path.is_file()},
                           published=published[0] if published else None, latest=run.latest_checkpoint())
     for n in plan.drop_state:
         path = run.checkpoint_dir(n)

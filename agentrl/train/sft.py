@@ -18,6 +18,7 @@ import numpy as np
 from hpc.buffer import read_rollout, read_shard
 from hpc.fsio import write_atomic
 from hpc.ledger import Ledger
+from hpc.runlayout import RunLayout
 
 from ..sample import SAMPLE_CODEC, Sample
 from .config import SFTConfig
@@ -42,9 +43,10 @@ def load_samples(sources: list[Path]) -> list[Sample]:
 def _samples_of(src: Path) -> list[Sample]:
     if not src.exists():
         raise SFTError(f"{src}: does not exist")
-    if (src / "ledger").is_dir() and (src / "buffer").is_dir():
-        ledger = Ledger(src / "ledger")
-        return [s for r in ledger.rollouts() for g in read_rollout(ledger, src / "buffer", r, SAMPLE_CODEC).values()
+    run = RunLayout(src)
+    if run.ledger_dir.is_dir() and run.buffer_dir.is_dir():
+        ledger = Ledger(run.ledger_dir)
+        return [s for r in ledger.rollouts() for g in read_rollout(ledger, run.buffer_dir, r, SAMPLE_CODEC).values()
                 for s in g]
     shards = [src] if src.is_file() else sorted(src.rglob("*.msgpack"))
     return [s for p in shards for s in read_shard(p, SAMPLE_CODEC)[1]]

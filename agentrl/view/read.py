@@ -18,7 +18,7 @@ from typing import Any
 from hpc.buffer import read_shard
 from hpc.ledger_view import LedgerError, LedgerView
 from hpc.records import RecordError, read_record
-from hpc.runlayout import RunDirError, RunLayout
+from hpc.runlayout import EvalLayout, RunDirError, RunLayout
 
 from ..pool.trace import AttemptTrace
 from ..report.data import MetricLog, parse_metrics
@@ -46,15 +46,15 @@ class Source:
 
 def open_source(path: Path | str) -> Source:
     root = Path(path).absolute()
-    if (root / "run.yaml").exists():
+    if RunLayout.holds_run(root):
         try:
             run = RunLayout.open(root)
             manifest = run.manifest()
         except (RunDirError, RecordError) as e:
             raise ViewError(str(e)) from None
-        return Source(root, manifest.run_id, run, eval_dirs(root / "eval"), manifest.config)
+        return Source(root, manifest.run_id, run, eval_dirs(run.evals_dir), manifest.config)
     m = _ITER.match(root.name)
-    if m and root.is_dir() and ((root / "ledger").is_dir() or (root / "summary.json").exists()):
+    if m and root.is_dir() and (EvalLayout(root).ledger_dir.is_dir() or EvalLayout(root).summary_path.exists()):
         return Source(root, root.name, None, [(int(m.group(1)), root)], _config_of(root.parent.parent))
     raise ViewError(f"{root} is neither a run directory (no run.yaml) nor an eval directory (iter_<n> with a "
                     "ledger/ or summary.json): give RUN or RUN/eval/iter_<n>")
@@ -63,7 +63,7 @@ def open_source(path: Path | str) -> Source:
 def _config_of(run_dir: Path) -> dict[str, Any]:
     """The config of the run an eval directory lies in (for its tokenizer and parsers); {} if none."""
     try:
-        return RunLayout.open(run_dir).manifest().config if (run_dir / "run.yaml").exists() else {}
+        return RunLayout.open(run_dir).manifest().config if RunLayout.holds_run(run_dir) else {}
     except (RunDirError, RecordError):
         return {}
 
@@ -127,9 +127,10 @@ def rollout_listing(run: RunLayout, rollout_id: int) -> Listing:
 
 
 def eval_listing(iteration: int, eval_dir: Path) -> Listing:
-    if not (eval_dir / "ledger").is_dir():
+    layout = EvalLayout(eval_dir)
+    if not layout.ledger_dir.is_dir():
         return Listing([], False, [f"{eval_dir} has no ledger/: nothing of it was scored here"])
-    ledger = LedgerView(eval_dir / "ledger")
+    ledger = LedgerView(layout.ledger_dir)
     try:
         generation = ledger.current_generation(0)
         commits = ledger.commits(0) if generation is not None else {}
@@ -138,11 +139,11 @@ def eval_listing(iteration: int, eval_dir: Path) -> Listing:
     refs = []
     for (g, a), c in sorted(commits.items()):
         name = f"{g}-{a}-{c.try_index}"
-        shard = eval_dir / "samples" / "rollout_0" / f"g{generation}" / f"{name}.msgpack"
+        shard = layout.samples_dir / "rollout_0" / f"g{generation}" / f"{name}.msgpack"
         refs.append(AttemptRef("eval", iteration, generation or 0, g, a, c.try_index,
-                               shard if shard.exists() else None, eval_dir / "trajectories" / f"{name}.json",
+                               shard if shard.exists() else None, layout.trajectories_dir / f"{name}.json",
                                eval_dir / c.ref))
-    return Listing(refs, (eval_dir / "summary.json").exists())
+    return Listing(refs, layout.summary_path.exists())
 
 
 def metric_log(source: Source) -> MetricLog | None:

@@ -114,9 +114,10 @@ def run_sglang(cfg: SGLangServe, run_root: Path, index: int, liveness_file: Path
     from .sglang import ServerError, ServerProcess, launch_command
 
     sglang = cfg.for_task(index, run_root)
-    log_path = run_root / "logs" / f"inference-{index}.sglang.log"
+    layout = RunLayout(run_root)
+    log_path = layout.log_path(f"inference-{index}.sglang")
     server = ServerProcess(launch_command(sglang), host=sglang.host, port=sglang.port, log_path=log_path,
-                           registry=Registry(run_root / "services"), index=index, heartbeat_s=cfg.heartbeat_s,
+                           registry=Registry(layout.services_dir), index=index, heartbeat_s=cfg.heartbeat_s,
                            health_timeout_s=cfg.health_timeout_s, liveness_file=liveness_file)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.request_stop())
@@ -136,7 +137,8 @@ def run_sglang(cfg: SGLangServe, run_root: Path, index: int, liveness_file: Path
 
 def with_published_weights(cfg: CpuServe | SGLangServe, run_root: Path) -> CpuServe | SGLangServe:
     """A server (re)started mid-run serves the weights the trainer last published, not the base model."""
-    found = RunLayout(run_root).published_weights() if (run_root / "checkpoints").is_dir() else None
+    layout = RunLayout(run_root)
+    found = layout.published_weights() if layout.checkpoints_dir.is_dir() else None
     if found is None:
         return cfg
     version, path = found

@@ -287,10 +287,6 @@ class AllocationDriver:
         return submitit.helpers.DelayedSubmission(AllocationDriver(), plan_json, run_dir, python)
 
 
-def plan_path(layout: RunLayout) -> Path:
-    return layout.root / "launch" / "plan.json"
-
-
 def het_nodes(plan: Plan, allocation: AllocationEnv) -> dict[str, list[str]]:
     """An sbatch het job's nodes by partition: component i's are its het group i's."""
     from .distenv import expand_hostlist
@@ -309,7 +305,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..environment import SlurmEnv
     from .plan import PlanError, load_plan
-    from .state import launch_dir
 
     ap = argparse.ArgumentParser(prog="python -m hpc.launch.driver", description=main.__doc__)
     ap.add_argument("run_dir", type=Path)
@@ -322,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     job = SlurmEnv.from_environ().job_id
     # One job is the whole run: an end record is an earlier launch's (a requeued job leaves none).
-    (launch_dir(layout) / "end.json").unlink(missing_ok=True)
+    layout.end_path.unlink(missing_ok=True)
     print(f"agentrl: job {job}, run directory {layout.root}, python {sys.executable}", flush=True)
     nodes = het_nodes(plan, AllocationEnv.from_environ())
     for c in plan.components():

@@ -8,10 +8,10 @@ from typing import Literal
 
 from .. import slurm
 from ..runlayout import RunLayout
-from .driver import AllocationDriver, Driver, plan_path
+from .driver import AllocationDriver, Driver
 from .plan import Plan
 from .sbatch import render_sbatch
-from .state import LaunchRecord, launch_dir, write_launch_record
+from .state import LaunchRecord, write_launch_record
 
 Executor = Literal["sbatch", "submitit", "local"]
 
@@ -19,13 +19,13 @@ Executor = Literal["sbatch", "submitit", "local"]
 def _save_plan(layout: RunLayout, plan: Plan) -> None:
     """Write the plan a launch runs, and forget how an earlier launch of this run ended."""
     from ..fsio import write_atomic
-    launch_dir(layout).mkdir(parents=True, exist_ok=True)
-    write_atomic(plan_path(layout), plan.model_dump_json(indent=1).encode())
-    (launch_dir(layout) / "end.json").unlink(missing_ok=True)
+    layout.launch_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(layout.plan_path, plan.model_dump_json(indent=1).encode())
+    layout.end_path.unlink(missing_ok=True)
 
 
 def submit_sbatch(plan: Plan, layout: RunLayout, python: str, source: str = "") -> str:
-    script = launch_dir(layout) / "job.sbatch"
+    script = layout.sbatch_script_path
     _save_plan(layout, plan)
     script.write_text(render_sbatch(plan, source=source))
     env_args = [f"--export=ALL,AGENTRL_RUN_DIR={layout.root},AGENTRL_PYTHON={python}"]
@@ -66,7 +66,7 @@ def submit_submitit(plan: Plan, layout: RunLayout, python: str) -> list[str]:
     _save_plan(layout, plan)
     ids = []
     for part in submitit_jobs(plan):
-        ex = submitit.AutoExecutor(folder=str(layout.root / "launch" / "submitit" / "%j"), cluster="slurm")
+        ex = submitit.AutoExecutor(folder=str(layout.submitit_dir / "%j"), cluster="slurm")
         ex.update_parameters(**allocation_request(part))
         job = ex.submit(AllocationDriver(), part.model_dump_json(), str(layout.root), python)
         ids.append(str(job.job_id))

@@ -13,7 +13,6 @@ Each file has one writer (the driver or the task's own wrapper) and is replaced 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 from ..records import Record, create_record, parse_record, read_record, write_record
@@ -56,22 +55,14 @@ class EndRecord(Record):
     ended: float
 
 
-def launch_dir(layout: RunLayout) -> Path:
-    return layout.root / "launch"
-
-
-def task_path(layout: RunLayout, role: str, index: int) -> Path:
-    return launch_dir(layout) / "tasks" / f"{role}-{index}.json"
-
-
 def write_task_record(layout: RunLayout, rec: TaskRecord) -> None:
-    path = task_path(layout, rec.role, rec.index)
+    path = layout.task_record_path(rec.role, rec.index)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_record(path, rec, fsync=False)
 
 
 def read_task_records(layout: RunLayout) -> list[TaskRecord]:
-    d = launch_dir(layout) / "tasks"
+    d = layout.task_records_dir
     if not d.is_dir():
         return []
     out = []
@@ -84,31 +75,31 @@ def read_task_records(layout: RunLayout) -> list[TaskRecord]:
 
 
 def write_launch_record(layout: RunLayout, rec: LaunchRecord, name: str = "run") -> None:
-    launch_dir(layout).mkdir(parents=True, exist_ok=True)
-    write_record(launch_dir(layout) / f"{name}.json", rec)
+    layout.launch_dir.mkdir(parents=True, exist_ok=True)
+    write_record(layout.launch_dir / f"{name}.json", rec)
 
 
 def read_launch_record(layout: RunLayout, name: str = "run") -> LaunchRecord | None:
-    path = launch_dir(layout) / f"{name}.json"
+    path = layout.launch_dir / f"{name}.json"
     return read_record(path, LaunchRecord) if path.exists() else None
 
 
 def read_driver_records(layout: RunLayout) -> dict[str, LaunchRecord]:
     return {p.stem.removeprefix("driver-"): read_record(p, LaunchRecord)
-            for p in sorted(launch_dir(layout).glob("driver-*.json"))}
+            for p in sorted(layout.launch_dir.glob("driver-*.json"))}
 
 
 def end_run(layout: RunLayout, state: RunState, exit_code: int, message: str) -> EndRecord:
     """Record how the run ended; the first to end it wins. Returns the record that stands."""
     import time
 
-    path = launch_dir(layout) / "end.json"
+    path = layout.end_path
     create_record(path, EndRecord(state=state, exit_code=exit_code, message=message, ended=time.time()))
     return read_record(path, EndRecord)
 
 
 def read_end(layout: RunLayout) -> EndRecord | None:
-    path = launch_dir(layout) / "end.json"
+    path = layout.end_path
     return read_record(path, EndRecord) if path.exists() else None
 
 

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     env.update(AGENTRL_RUN_DIR=str(layout.root), AGENTRL_ROLE=args.role, AGENTRL_TASK_INDEX=str(index))
     heartbeat = None
     if args.liveness_s is not None:
-        heartbeat = layout.root / "launch" / "heartbeats" / f"{args.role}-{index}"
+        heartbeat = layout.heartbeat_path(args.role, index)
         heartbeat.parent.mkdir(parents=True, exist_ok=True)
         heartbeat.touch()
         os.utime(heartbeat)          # a restart's bound counts from its own start

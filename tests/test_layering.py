@@ -165,3 +165,22 @@ def test_no_package_imports_itself_through_others():
     assert package_graph({"a.x.m": {"a.y.n"}, "a.y.n": {"a.x.o"}, "a.x.o": set()}) == {"a.x": {"a.y"}, "a.y": {"a.x"}}
     found = cycles(package_graph(import_graph()))
     assert found == [], f"import cycles between packages: {found}"
+
+
+RUN_DIR_NAMES = {"run.yaml", "services", "ledger", "buffer", "checkpoints", "trajectories", "launch", "metrics.jsonl",
+                 "heartbeats", "plan.json", "end.json", "eval", "attempts", "results.jsonl", "summary.json"}
+
+
+def builds_run_paths(tree: ast.AST) -> list[str]:
+    """The names of a run (or eval) directory's parts that a module joins by hand: `root / "ledger"`."""
+    return [node.right.value for node in ast.walk(tree)
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and isinstance(node.right, ast.Constant)
+            and node.right.value in RUN_DIR_NAMES]
+
+
+def test_run_directory_paths_are_named_by_the_run_layout_alone():
+    assert builds_run_paths(ast.parse('p = run_dir / "ledger" / name')) == ["ledger"]     # the check can fail
+    offenders = {str(p.relative_to(ROOT)): found for package in PACKAGES for p in modules(package)
+                 if p != ROOT / "hpc" / "runlayout.py" and "sandbox_scripts" not in p.parts
+                 and (found := builds_run_paths(ast.parse(p.read_text())))}
+    assert offenders == {}, f"use hpc.runlayout's RunLayout or EvalLayout for these: {offenders}"

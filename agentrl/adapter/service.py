@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from hpc.runlayout import RunLayout
+
 from .parsers import THINK_END, ParsedOutput, parse_output, validate_parsers
 from .render import incremental_problem
 from .session import Session, SessionStore, merge_sampling
@@ -69,14 +71,14 @@ class AdapterConfig(BaseModel):
     def _one_source(self) -> AdapterConfig:
         if (self.registry is None) == (not self.upstreams):
             raise ValueError("give the model servers' URLs (upstreams) or a run directory (registry), one of the two")
-        if self.registry is not None and not (self.registry / "services").is_dir():
+        if self.registry is not None and not RunLayout(self.registry).services_dir.is_dir():
             raise ValueError(f"registry {self.registry}: no services/ directory there: name a run directory")
         return self
 
     def servers(self) -> list[str] | Callable[[], list[str]]:
         if self.registry is not None:
             from hpc.registry import Registry
-            return registry_servers(Registry(self.registry / "services"))
+            return registry_servers(Registry(RunLayout(self.registry).services_dir))
         return self.upstreams
 
     @model_validator(mode="after")

@@ -47,7 +47,7 @@ def _config(args: argparse.Namespace, run_dir: Path | None):
 
 def run(args: argparse.Namespace) -> int:
     from hpc.records import RecordError
-    from hpc.runlayout import RunDirError, RunLayout
+    from hpc.runlayout import EvalLayout, RunDirError, RunLayout
 
     from ..eval.score import CheckpointEval
     from ..eval.watch import training_ended, watch
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         out = args.out or (RunLayout.open(run_dir).eval_dir(n) if run_dir else Path("eval") / ckpt.name)
         summary = await CheckpointEval(out, cfg, tasks, n).run(model)
         print(f"agentrl eval: {len(tasks)} tasks x {cfg.n_samples}: pass@1 {summary['pass@1']}, "
-              f"pass@{summary['k']} {summary['pass@k']}; {out / 'summary.json'}")
+              f"pass@{summary['k']} {summary['pass@k']}; {EvalLayout(out).summary_path}")
         return 0
     try:
         return asyncio.run(main())

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     state = Trainer(RunLayout.open(run_dir), cfg, liveness_file=ctx.env.heartbeat_file).train()
     if rank == 0:
         print(f"trained {state.iteration} rollouts, {state.optimizer_steps} optimizer steps; "
-              f"latest checkpoint {run_dir / 'checkpoints' / f'iter_{state.iteration}'}", flush=True)
+              f"latest checkpoint {RunLayout(run_dir).checkpoint_dir(state.iteration)}", flush=True)
     if env is not None and env.world_size > 1:
         torch.distributed.destroy_process_group()
     return 0

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hpc.runlayout import EvalLayout
+
 RESAMPLES = 4000
 
 
@@ -40,7 +42,7 @@ def task_rates(results: list[dict]) -> dict[str, tuple[int, int]]:
 
 
 def read_results(eval_dir: Path) -> list[dict]:
-    path = Path(eval_dir) / "results.jsonl"
+    path = EvalLayout(Path(eval_dir)).results_path
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no results (run `agentrl eval` into {eval_dir} first)")
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

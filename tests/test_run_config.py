@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agentrl.adapter.service import AdapterConfig
 from agentrl.run_config import RunConfigError, load_run_config, role_config
 from hpc.launch.state import read_task_records
 from hpc.runlayout import RunLayout
@@ -103,6 +104,32 @@ def test_the_launch_plan_and_the_inference_section_are_parsed_once_and_kept_type
     bad.write_text("launch: [unclosed\n")
     r = agentrl("launch", str(bad), "--dry-run")
     assert r.returncode == 2 and f"{bad}: cannot be read as YAML" in r.stderr, r.stderr
+
+
+def test_the_adapters_settings_are_pool_adapter_and_a_run_made_before_still_reads(tiny_model, tmp_path):
+    from agentrl.pool.claimed import adapter_config
+    from agentrl.pool.config import load_pool_config
+
+    pool = load_pool_config({"adapter": {"max_new_tokens": 24, "max_context": 4096, "tool_parser": "hermes"}})
+    adapter = adapter_config(pool, tiny_model, upstreams=["http://model:1"])
+    assert (adapter.max_new_tokens, adapter.max_context, adapter.tool_parser) == (24, 4096, "hermes")
+    assert pool.sampling(1.0)["max_new_tokens"] == 24
+    # one default per field: the pool's adapter and a bare adapter agree
+    assert adapter_config(load_pool_config({}), tiny_model, upstreams=["http://m:1"]).model_dump(
+        exclude={"tokenizer", "upstreams"}) == AdapterConfig(tokenizer=tiny_model, upstreams=["http://m:1"]).model_dump(
+        exclude={"tokenizer", "upstreams"})
+    old = load_pool_config({"max_new_tokens": 24, "max_context": 4096, "model_name": "m"})     # a run.yaml of before
+    assert (old.adapter.max_new_tokens, old.adapter.max_context, old.adapter.model_name) == (24, 4096, "m")
+    for bad, message in (({"max_new_tokens": 24, "adapter": {"max_new_tokens": 30}}, "max_new_tokens given twice"),
+                         ({"adapter": {"max_new_tokens": None}}, "need a per-turn budget"),
+                         ({"adapter": {"reasoning_parser": "r9"}}, "pool.adapter: unknown reasoning parser 'r9'"),
+                         ({"adapter": {"max_contxt": 9}}, "pool.adapter.max_contxt: unknown key")):
+        with pytest.raises(ValueError, match=message):
+            load_pool_config(bad)
+    config = write(tmp_path / "run.yaml", {"launch": launch_section(("trainer", ["true"], {"policy": "fail-run"})),
+                                           "pool": {"max_new_tokens": 24}})
+    r = agentrl("launch", str(config), "--dry-run")
+    assert r.returncode == 0 and "pool: max_new_tokens now go under pool.adapter:" in r.stderr, r.stderr
 
 
 @pytest.mark.integration

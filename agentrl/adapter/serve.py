@@ -15,7 +15,7 @@ import secrets
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:   # the CLI builds its parser without loading the web stack
     from .service import Adapter
@@ -135,13 +135,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")
     p.add_argument("--uds", help="also serve on this Unix socket (what sandboxes bind-mount)")
-    p.add_argument("--tool-parser", default="qwen3_coder", help="qwen3_coder | qwen25 | hermes | none")
-    p.add_argument("--reasoning-parser", default="qwen3", help="qwen3 | none")
-    p.add_argument("--max-context", type=int, default=32768, help="tokens of prompt + output per turn")
-    p.add_argument("--max-new-tokens", type=int, help="cap on output tokens per turn")
+    from .settings import AdapterSettings
+
+    d = {name: f.default for name, f in AdapterSettings.model_fields.items()}   # one default each: the settings'
+    p.add_argument("--tool-parser", help=f"qwen3_coder | qwen25 | hermes | none (default {d['tool_parser']})")
+    p.add_argument("--reasoning-parser", help=f"qwen3 | none (default {d['reasoning_parser']})")
+    p.add_argument("--max-context", type=int, help=f"tokens of prompt + output per turn (default {d['max_context']})")
+    p.add_argument("--max-new-tokens", type=int, help=f"cap on output tokens per turn (default {d['max_new_tokens']})")
     p.add_argument("--public-url", help="the base URL clients should use, when it is not http://host:port")
-    p.add_argument("--keepalive-s", type=float, default=5.0,
-                   help="seconds between keepalives while a streamed turn waits for the model (0.01..60)")
+    p.add_argument("--keepalive-s", type=float, help="seconds between keepalives while a streamed turn waits for the "
+                                                      f"model (0.01..60, default {d['keepalive_s']})")
     p.add_argument("--open-unknown-keys", action="store_true",
                    help="an unknown API key opens a session on first use (pointing a CLI at a model by hand)")
     p.add_argument("--no-incremental", action="store_true",
@@ -157,17 +160,19 @@ def run(args: argparse.Namespace) -> int:
 
     from .service import Adapter, AdapterConfig
 
-    none = {"none": None, "": None}
+    flags = {"tool_parser": args.tool_parser, "reasoning_parser": args.reasoning_parser,
+             "max_context": args.max_context, "max_new_tokens": args.max_new_tokens, "keepalive_s": args.keepalive_s}
+    # the flags given (a parser "none": no parser); the others keep AdapterSettings' defaults
+    settings: dict[str, Any] = {k: None if v in ("none", "") else v for k, v in flags.items() if v is not None}
+    upstream = args.upstream.strip()
+    if upstream.startswith("registry:"):
+        settings["registry"] = Path(upstream.removeprefix("registry:"))
+    else:
+        settings["upstreams"] = [u for u in upstream.split(",") if u]
     try:
-        given = args.upstream.strip()
-        source = {"registry": Path(given.removeprefix("registry:"))} if given.startswith("registry:") else \
-            {"upstreams": [u for u in given.split(",") if u]}
-        config = AdapterConfig(tokenizer=args.tokenizer, **source,
-                               tool_parser=none.get(args.tool_parser, args.tool_parser),
-                               reasoning_parser=none.get(args.reasoning_parser, args.reasoning_parser),
-                               max_context=args.max_context, max_new_tokens=args.max_new_tokens,
-                               public_url=args.public_url, open_unknown_keys=args.open_unknown_keys,
-                               incremental=not args.no_incremental, keepalive_s=args.keepalive_s)
+        config = AdapterConfig(tokenizer=args.tokenizer, public_url=args.public_url,
+                               open_unknown_keys=args.open_unknown_keys, incremental=not args.no_incremental,
+                               **settings)
     except ValidationError as e:
         for field, msg in problems(e):
             print(f"agentrl adapter serve: {field or 'config'}: {msg}", file=sys.stderr)

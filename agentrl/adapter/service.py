@@ -17,47 +17,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from hpc.runlayout import RunLayout
 
-from .parsers import THINK_END, ParsedOutput, parse_output, validate_parsers
+from .parsers import THINK_END, ParsedOutput, parse_output
 from .render import incremental_problem
 from .session import Session, SessionStore, merge_sampling
+from .settings import AdapterSettings
 from .trajectory import Turn
 from .upstream import UpstreamError, UpstreamPool, registry_servers
 from .wire import Chat, WireError, new_tool_ids, reply_message
 
 
-class AdapterConfig(BaseModel):
-    """Everything the adapter is told, validated in one place."""
-
-    model_config = ConfigDict(extra="forbid")
+class AdapterConfig(AdapterSettings):
+    """Everything the adapter is told: its settings, the model's tokenizer and where the model is served."""
 
     tokenizer: Path
     upstreams: list[str] = Field(default_factory=list)     # the model servers' URLs; or, instead,
     registry: Path | None = None         # a run directory: its live inference servers (RUN/services), as they change
-    tool_parser: str | None = "qwen3_coder"
-    reasoning_parser: str | None = "qwen3"
-    max_context: int = Field(default=32768, gt=0)
-    max_new_tokens: int | None = Field(default=None, gt=0)   # per turn; None: what the context leaves
-    realign_window: int = Field(default=32, ge=0)
-    verify_render_every: int = Field(default=50, ge=0)   # check every Nth incremental render; 0: never
-    incremental: bool = True             # False: render and tokenize every chat whole (a baseline, debugging)
     open_unknown_keys: bool = False
     public_url: str | None = None        # advertised base URL (a proxy path included), else http://host:port
-    # What one request may be (limits.py); each refusal names its field. Bytes and items bound reading and
-    # parsing (orjson holds the GIL); characters and messages bound translating, rendering and tokenizing.
-    max_body_bytes: int = Field(default=16 * 2**20, gt=0)
-    max_request_chars: int = Field(default=2_000_000, gt=0)   # in the messages' and tools' strings
-    max_messages: int = Field(default=10_000, gt=0)
-    max_json_depth: int = Field(default=64, gt=0, le=512)    # Python's recursion limit is 1000
-    max_json_items: int = Field(default=1_000_000, gt=0)     # commas and brackets in a body: what parsing it costs
-    upstream_timeout_s: float = Field(default=600.0, gt=0)
-    # While a streamed turn waits for the model, the protocol's keepalive goes out this often (app.py, sse.py), so
-    # that a client's read or idle timeout (300 s for Codex, docs/adapter.md) never runs out during a long turn.
-    keepalive_s: float = Field(default=5.0, ge=0.01, le=60)
-    model_name: str = "agentrl"
 
     @field_validator("upstreams")
     @classmethod
@@ -82,8 +62,7 @@ class AdapterConfig(BaseModel):
         return self.upstreams
 
     @model_validator(mode="after")
-    def _parsers(self) -> AdapterConfig:
-        validate_parsers(self.tool_parser, self.reasoning_parser)
+    def _tokenizer(self) -> AdapterConfig:
         if not (self.tokenizer / "tokenizer_config.json").is_file():
             raise ValueError(f"{self.tokenizer} holds no tokenizer_config.json: point --tokenizer at a "
                              "Hugging Face model or tokenizer directory")

@@ -48,6 +48,11 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, SlurmUnavailable) as e:  # PlanError and RunConfigError are ValueErrors
         print(e, file=sys.stderr)
         return 2
+    from ..pool.config import moved_to_adapter
+    for where, section in (("pool", config.get("pool")), ("eval.pool", (config.get("eval") or {}).get("pool"))):
+        if moved := moved_to_adapter(section):
+            print(f"agentrl: warning: {where}: {', '.join(moved)} now go under {where}.adapter: (read from {where} "
+                  "for runs made before; move them there)", file=sys.stderr)
     if checked.train is not None:
         from ..swe.history import keep_warning
         if warning := keep_warning(checked.train.prompt_data):

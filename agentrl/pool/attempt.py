@@ -126,9 +126,10 @@ async def run_attempt(ctx: PoolContext, task: LoadedTask, *, group: int, attempt
             key = session.key
             command = harness.command(HarnessRun(
                 task_text=spec.prompt, prompt_style=cfg.prompt_style, workdir=spec.workdir,
-                base_url=f"http://127.0.0.1:{ADAPTER_PORT}", api_key=key, model=cfg.model_name,
-                max_new_tokens=cfg.max_new_tokens, max_context=cfg.max_context, compact_at=cfg.compact_at,
-                tools_dir=TOOLS_IN_SANDBOX, extra_args=tuple(cfg.extra_args), extra_env=dict(cfg.extra_env)))
+                base_url=f"http://127.0.0.1:{ADAPTER_PORT}", api_key=key, model=cfg.adapter.model_name,
+                max_new_tokens=int(sampling["max_new_tokens"]), max_context=cfg.adapter.max_context,
+                compact_at=cfg.compact_at, tools_dir=TOOLS_IN_SANDBOX, extra_args=tuple(cfg.extra_args),
+                extra_env=dict(cfg.extra_env)))
             t1 = time.monotonic()
             async with ctx.agents:
                 on_span("agent_queue", t1, time.monotonic())

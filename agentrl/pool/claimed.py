@@ -70,9 +70,7 @@ def adapter_config(cfg: PoolConfig, tokenizer: Path, *, upstreams: list[str] | N
                    registry: Path | None = None) -> AdapterConfig:
     """The adapter's settings from the pool's, its model servers given (URLs, or a run's registry): one place,
     whoever serves the attempts."""
-    return AdapterConfig(tokenizer=tokenizer, upstreams=upstreams or [], registry=registry,
-                         tool_parser=cfg.tool_parser, reasoning_parser=cfg.reasoning_parser,
-                         max_context=cfg.max_context, max_new_tokens=cfg.max_new_tokens, model_name=cfg.model_name)
+    return AdapterConfig(**cfg.adapter.model_dump(), tokenizer=tokenizer, upstreams=upstreams or [], registry=registry)
 
 
 def default_tools_dir(cfg: PoolConfig) -> Path:

@@ -5,13 +5,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hpc.validation import validate_section
+
+from ..adapter.settings import AdapterSettings
 
 
 class PoolConfigError(ValueError):
     pass
+
+
+MOVED_TO_ADAPTER = ("max_context", "max_new_tokens", "tool_parser", "reasoning_parser", "model_name")
+
+
+def moved_to_adapter(section: Any) -> list[str]:
+    """The keys of a pool section written before they moved under `adapter:` (agentrl launch says so)."""
+    return [k for k in MOVED_TO_ADAPTER if k in section] if isinstance(section, dict) else []
 
 
 class PoolConfig(BaseModel):
@@ -36,11 +46,8 @@ class PoolConfig(BaseModel):
     # ratio wrong, so this may only repeat it (sampling(), below)
     temperature: float | None = Field(default=None, gt=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
-    max_context: int = Field(default=32768, gt=0)
-    max_new_tokens: int = Field(default=4096, gt=0)
-    tool_parser: str | None = "qwen3_coder"
-    reasoning_parser: str | None = "qwen3"
-    model_name: str = "agentrl"
+    # the adapter the agents talk to: parsers, context, per-turn budget, the model's name, request limits
+    adapter: AdapterSettings = Field(default_factory=AdapterSettings)
     compact_at: float = Field(default=0.6, gt=0, le=1)
     # the attempt
     agent_timeout_s: float | None = Field(default=None, gt=0)   # default: the task's own
@@ -51,6 +58,28 @@ class PoolConfig(BaseModel):
     extra_args: list[str] = Field(default_factory=list)
     extra_env: dict[str, str] = Field(default_factory=dict)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_to_adapter(cls, data: Any) -> Any:
+        """The adapter's keys once sat in pool: directly; a run made then keeps them so in its run.yaml."""
+        moved = moved_to_adapter(data)
+        adapter = data.get("adapter") if moved else None
+        if not moved or not isinstance(adapter, dict | None):
+            return data
+        if clash := [k for k in moved if k in (adapter or {})]:
+            raise ValueError(f"{clash[0]} given twice, in pool: and in pool.adapter: keep adapter.{clash[0]} alone")
+        return {**{k: v for k, v in data.items() if k not in moved},
+                "adapter": {**(adapter or {}), **{k: data[k] for k in moved}}}
+
+    @model_validator(mode="after")
+    def _budget(self) -> PoolConfig:
+        if self.adapter.max_new_tokens is None:
+            raise ValueError("adapter.max_new_tokens: the agents need a per-turn budget (default 4096), not None")
+        if self.adapter.max_new_tokens >= self.adapter.max_context:
+            raise ValueError(f"adapter.max_new_tokens {self.adapter.max_new_tokens} must be below "
+                             f"adapter.max_context {self.adapter.max_context}")
+        return self
+
     def sampling(self, rollout_temperature: float) -> dict[str, float | int]:
         """The sampling parameters the adapter passes to inference, at the trainer's temperature.
 
@@ -60,7 +89,9 @@ class PoolConfig(BaseModel):
                                   f"{rollout_temperature}, at which the trainer computes the sampler's log-probs: "
                                   "every importance ratio would be wrong. Remove pool.temperature and set "
                                   "train.rollout_temperature")
-        return {"temperature": rollout_temperature, "top_p": self.top_p, "max_new_tokens": self.max_new_tokens}
+        assert self.adapter.max_new_tokens is not None     # _budget
+        return {"temperature": rollout_temperature, "top_p": self.top_p,
+                "max_new_tokens": self.adapter.max_new_tokens}
 
 
 def load_pool_config(data: Any, source: str = "pool") -> PoolConfig:

@@ -82,14 +82,17 @@ def tokenizer_path(source: Source) -> Path | None:
 
 
 def parsers(source: Source) -> tuple[str | None, str | None]:
-    """(tool_parser, reasoning_parser) of the run's pool section; the pool's defaults where unset."""
-    from ..pool.config import PoolConfig
+    """(tool_parser, reasoning_parser) of the run's pool section (pool.adapter, or pool: in a run made before the
+    adapter's keys moved); the adapter's defaults where unset."""
+    from ..adapter.settings import AdapterSettings
 
     pool = source.config.get("pool")
     pool = pool if isinstance(pool, dict) else {}
-    defaults = PoolConfig.model_fields
-    return (pool.get("tool_parser", defaults["tool_parser"].default),
-            pool.get("reasoning_parser", defaults["reasoning_parser"].default))
+    nested = pool.get("adapter")
+    adapter: dict[str, Any] = nested if isinstance(nested, dict) else pool
+    defaults = AdapterSettings.model_fields
+    return (adapter.get("tool_parser", defaults["tool_parser"].default),
+            adapter.get("reasoning_parser", defaults["reasoning_parser"].default))
 
 
 # ---------------------------------------------------------------- listings

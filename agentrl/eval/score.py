@@ -134,7 +134,7 @@ class CheckpointEval:
     async def _one(self, ledger: Ledger, ctx: PoolContext, claim: Claim) -> None:
         name = self.tasks[claim.group].spec.instance_id
         sampling = {"temperature": self.cfg.temperature, "top_p": self.cfg.top_p,
-                    "max_new_tokens": self.cfg.pool.sampling(self.cfg.temperature)["max_new_tokens"],
+                    "max_new_tokens": self.cfg.pool.adapter.max_new_tokens,
                     "sampling_seed": attempt_seed(self.cfg.seed, name, claim.attempt)}
         await run_claimed(ctx, ledger, claim, self.tasks[claim.group], sampling, self.records, self.counts,
                           where=f"{name} attempt {claim.attempt} try {claim.try_index}")

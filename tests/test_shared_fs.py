@@ -170,21 +170,28 @@ def skew_run(roots: list[str], offset_s: float, workers: int = 4) -> dict:
              for i in range(workers)]
     for p in procs:
         p.start()
+    def made() -> dict:
+        """Each attempt's commits as the workers logged them (a worker logs just after its commit)."""
+        counts: dict = {}
+        for name in os.listdir(f"{roots[0]}/log"):
+            for line in open(f"{roots[0]}/log/{name}"):
+                if line.endswith("\n"):
+                    rec = json.loads(line)
+                    counts[tuple(rec["key"])] = counts.get(tuple(rec["key"]), 0) + rec["made"]
+        return counts
     try:
         while led.status(0).committed < GROUPS * ATTEMPTS:
             assert time.time() < until, f"not every attempt was committed: {led.status(0)}"
+            time.sleep(0.05)
+        # the last commit's line may not be written yet (a loaded machine): the workers stop once it is
+        while sum(made().values()) < GROUPS * ATTEMPTS and time.time() < until:
             time.sleep(0.05)
     finally:
         for p in procs:
             p.kill()
             p.join()
-    made = {}
-    for name in os.listdir(f"{roots[0]}/log"):
-        for line in open(f"{roots[0]}/log/{name}"):
-            rec = json.loads(line)
-            made[tuple(rec["key"])] = made.get(tuple(rec["key"]), 0) + rec["made"]
     tries = len(os.listdir(led.root / "rollouts/0/g1/claims"))
-    return {"commits": led.commits(0), "made": made, "duplicated": tries - GROUPS * ATTEMPTS,
+    return {"commits": led.commits(0), "made": made(), "duplicated": tries - GROUPS * ATTEMPTS,
             "attempts": GROUPS * ATTEMPTS}
 
 

@@ -50,7 +50,7 @@ COMMANDS = (
     Command("pool", "agentrl.commands.pool", "the rollout pool role (one worker per CPU node)", role=True),
     Command("serve", "agentrl.commands.serve",
             "the inference role: one model server per task (SGLang or the CPU stand-in)", role=True),
-    Command("report", "agentrl.report.render", "a run's metrics and eval results as report.md with PNG plots"),
+    Command("report", "agentrl.commands.report", "a run's metrics and eval results as report.md with PNG plots"),
     Command("view", "agentrl.view.cli",
             "a run's or an eval's trajectories as a static HTML site (--serve to serve it)"),
     Command("eval", "agentrl.commands.eval", "score checkpoints: one, or each of a run as it lands (--watch)",

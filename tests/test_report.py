@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.commands.report import main
 from agentrl.report.data import class_counts, parse_metrics, read_run, series, training_plots
 from agentrl.report.plots import draw
-from agentrl.report.render import main, report_plots, write_report
+from agentrl.report.render import report_plots, write_report
 from hpc.runlayout import RunLayout
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,7 +211,7 @@ def test_the_command_runs_headless_and_leaves_the_run_untouched(run_dir, tmp_pat
     out = tmp_path / "elsewhere"
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
     env["MPLBACKEND"] = "TkAgg"         # a display backend: the report must not use it
-    r = subprocess.run([sys.executable, "-c", "import sys; from agentrl.report import main; "
+    r = subprocess.run([sys.executable, "-c", "import sys; from agentrl.commands.report import main; "
                         "sys.exit(main(sys.argv[1:]))", str(run_dir), "--out", str(out)],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

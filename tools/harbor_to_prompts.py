@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from agentrl.swe import harbor
+from agentrl.commands import convert_harbor as harbor
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,6 @@ finite and the JSONL is strict JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -358,29 +357,3 @@ def write_prompts(paths: list[Path], out: Path, on_error: str = "fail") -> Conve
         return result
     write_atomic(Path(out), render_jsonl(result.records))
     return result
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("task_dirs", nargs="+", metavar="TASK_DIR",
-                   help="Harbor task directories, or directories of them (a dataset)")
-    p.add_argument("--out", required=True, metavar="FILE.jsonl", help="output file, written atomically")
-    p.add_argument("--on-error", choices=["skip", "fail"], default="fail",
-                   help="a malformed task: skip it (reported on stderr) or write nothing (default)")
-
-
-def run(args: argparse.Namespace) -> int:
-    """Exit 0 when a file was written with at least one task, 1 otherwise."""
-    try:
-        result = write_prompts(args.task_dirs, Path(args.out), args.on_error)
-    except OSError as e:
-        print(f"{args.out}: cannot write ({e.strerror})", file=sys.stderr)
-        return 1
-    for warning in result.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    for error in result.errors:
-        print(f"{'skipped' if args.on_error == 'skip' else 'error'}: {error}", file=sys.stderr)
-    if result.errors and args.on_error == "fail":
-        print(f"{len(result.errors)} malformed task(s); {args.out} not written", file=sys.stderr)
-        return 1
-    print(f"{args.out}: {len(result.records)} task(s), {len(result.errors)} skipped", file=sys.stderr)
-    return 0 if result.records else 1

@@ -52,8 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .read import ViewError, open_source
-    from .site import build_site
+    from ..view.read import ViewError, open_source
+    from ..view.site import build_site
 
     try:
         source = open_source(args.run_dir)
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"agentrl view: {flag} goes with --weave", file=sys.stderr)
             return 2
     if args.weave:
-        from .weave_export import WeaveRefused, import_weave, weave_project
+        from ..view.weave_export import WeaveRefused, import_weave, weave_project
 
         try:        # before anything is written: W&B offline or no weave package, nothing else is done
             weave = (weave_project(source.config, args.wandb_mode), import_weave())
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"agentrl view: {stats.listings} listings; {stats.written} attempt pages written, {stats.skipped} "
           f"unchanged" + (f", {stats.removed} removed" if stats.removed else ""))
     if weave is not None:
-        from .weave_export import log_to_weave
+        from ..view.weave_export import log_to_weave
 
         if code := log_to_weave(source, out, *weave, tokens=args.weave_tokens, tokenizer=args.tokenizer,
                                 rollouts_only=only_rollouts, evals_only=only_evals, progress=not args.quiet):

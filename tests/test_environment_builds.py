@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from oci_registry import push_rootfs, registries_conf
 
-from agentrl.swe.environments import environment_builds
 from agentrl.swe.harbor import BUNDLED_TASKS, convert_task
+from agentrl.swe.task_images import environment_builds
 from hpc.images.cache import ImageCache
 from hpc.images.hostroot import build_host_rootfs
 

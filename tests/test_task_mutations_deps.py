@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from oci_registry import push_rootfs, registries_conf
 
-from agentrl.swe.mutate.environment import Environment, check_requirement
 from agentrl.swe.mutate.project import SourceError
+from agentrl.swe.mutate.requirements_image import RequirementsImage, check_requirement
 from hpc.images.hostroot import build_host_rootfs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,10 +150,11 @@ def test_a_with_requirement_is_plain_and_its_image_is_named_by_its_content():
     for bad in ("--index-url=http://x", "https://x/y.whl", "./wheel.whl", "pkg'; rm -rf /", ""):
         with pytest.raises(SourceError, match="--with"):
             check_requirement(bad)
-    a = Environment(("tinycheck",), "python:3.11-slim", {"tinycheck-1.0-py3-none-any.whl": b"PK"})
-    assert a.image == Environment(("tinycheck",), "python:3.11-slim", dict(a.wheels)).image
-    assert a.image != Environment(("tinycheck",), "python:3.12-slim", dict(a.wheels)).image
-    assert a.image != Environment(("tinycheck",), "python:3.11-slim", {"tinycheck-1.0-py3-none-any.whl": b"PK2"}).image
+    a = RequirementsImage(("tinycheck",), "python:3.11-slim", {"tinycheck-1.0-py3-none-any.whl": b"PK"})
+    assert a.image == RequirementsImage(("tinycheck",), "python:3.11-slim", dict(a.wheels)).image
+    assert a.image != RequirementsImage(("tinycheck",), "python:3.12-slim", dict(a.wheels)).image
+    other_wheel = {"tinycheck-1.0-py3-none-any.whl": b"PK2"}
+    assert a.image != RequirementsImage(("tinycheck",), "python:3.11-slim", other_wheel).image
     assert "pip install --no-index" in a.dockerfile() and a.dockerfile().startswith("FROM python:3.11-slim\n")
 
 
@@ -168,8 +169,8 @@ def _wheel(*names: str) -> bytes:
 
 
 def test_a_wheel_that_installs_the_projects_own_modules_is_uninstalled_in_its_image():
-    from agentrl.swe.mutate.environment import shadowing
     from agentrl.swe.mutate.project import Project
+    from agentrl.swe.mutate.requirements_image import shadowing
 
     wheels = {"tally-1.0-py3-none-any.whl": _wheel("tally/__init__.py", "tally-1.0.dist-info/RECORD"),
               "tinycheck-1.0-py3-none-any.whl": _wheel("tinycheck/__init__.py", "tinycheck-1.0.dist-info/RECORD"),
@@ -178,11 +179,11 @@ def test_a_wheel_that_installs_the_projects_own_modules_is_uninstalled_in_its_im
     src = Project("tally", {"src/tally/__init__.py": b"x = 1\n", "src/one.py": b"x = 1\n"})
     assert shadowing(wheels, flat) == ("tally",)
     assert shadowing(wheels, src) == ("one", "tally")
-    env = Environment(("tinycheck", "tally"), "python:3.11-slim", wheels, shadowing(wheels, flat))
+    env = RequirementsImage(("tinycheck", "tally"), "python:3.11-slim", wheels, shadowing(wheels, flat))
     install, uninstall = env.dockerfile().split(" && rm -rf /tmp/agentrl-wheels")
     assert "pip install" in install and "pip uninstall -y --disable-pip-version-check 'tally'" in uninstall
     assert "tinycheck" not in uninstall
-    assert Environment(("tinycheck",), "python:3.11-slim", wheels).key != env.key     # another image
+    assert RequirementsImage(("tinycheck",), "python:3.11-slim", wheels).key != env.key     # another image
 
 
 def test_with_before_any_source_and_a_base_without_with_are_refused(tmp_path):

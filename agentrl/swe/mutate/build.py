@@ -28,9 +28,17 @@ from hpc.images.cache import ImageCache
 from ..generate import HINTS, SPLITS, Refused, layout, occupied, split_of, task_name, write_task
 from ..task import HOST_IMAGE, Resources
 from . import issue, slurm
-from .environment import DEFAULT_BASE, ENVIRONMENTS, Environment, check_requirement, fetch, require_images, work_name
 from .operators import Mutator, Site
 from .project import Project, SourceError, load, task_repository
+from .requirements_image import (
+    DEFAULT_BASE,
+    IMAGE_BUILDS,
+    RequirementsImage,
+    check_requirement,
+    fetch,
+    require_images,
+    work_name,
+)
 from .runner import Job, read_result, run_jobs, suite_spec
 from .verdict import REASONS, Baseline, Verdict, baseline, dedupe, judge, unified_diff
 
@@ -172,7 +180,7 @@ def _run(project: Project, work: Path, opts: Options, spec, todo: list[Job], wor
                  scratch=opts.scratch, cache=ImageCache(opts.image_cache) if opts.image_cache else None)
 
 
-def _clean(project: Project, work: Path, opts: Options, spec, environment: Environment | None) -> Baseline:
+def _clean(project: Project, work: Path, opts: Options, spec, environment: RequirementsImage | None) -> Baseline:
     path = work / "clean.json"
     if read_result(path) is None:
         _run(project, work, opts, spec, [Job(path, b"", opts.clean_runs)], workers=1)
@@ -191,7 +199,7 @@ def _clean(project: Project, work: Path, opts: Options, spec, environment: Envir
 
 
 def validate(mutants: Mutants, quota: int, opts: Options, progress: Callable[[str], None] = lambda s: None,
-             environment: Environment | None = None) -> list[tuple[Candidate, Verdict, dict[str, str]]]:
+             environment: RequirementsImage | None = None) -> list[tuple[Candidate, Verdict, dict[str, str]]]:
     """The first `quota` kept candidates, each with its verdict and its failures' excerpts."""
     project = mutants.project
     work = opts.out / WORK / work_name(project, environment)
@@ -248,13 +256,13 @@ def generate(opts: Options, progress: Callable[[str], None] = lambda s: None) ->
         raise Refused(f"--out {opts.out} is not a directory: name a directory (it is created if missing)")
     projects = [load(s, opts.find_links) for s in opts.sources]
     base = opts.base_image or DEFAULT_BASE
-    environments: list[Environment | None] = []
+    environments: list[RequirementsImage | None] = []
     for project, reqs in zip(projects, opts.requirements or [()] * len(projects), strict=True):
         if reqs:
             progress(f"{project.name}: fetching the wheels of {', '.join(reqs)}")
         environments.append(fetch(reqs, base, opts.find_links, project) if reqs else None)
     require_images([(p, e) for p, e in zip(projects, environments, strict=True) if e is not None],
-                   opts.image_cache, opts.out / WORK / ENVIRONMENTS)
+                   opts.image_cache, opts.out / WORK / IMAGE_BUILDS)
     quotas = [opts.n // len(projects) + (i < opts.n % len(projects)) for i in range(len(projects))]
     tasks: list[tuple[str, dict[str, bytes]]] = []
     for project, environment, quota in zip(projects, environments, quotas, strict=True):

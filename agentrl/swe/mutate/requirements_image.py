@@ -37,14 +37,14 @@ from ..task import encode_payload
 from .project import Project, SourceError
 
 DEFAULT_BASE = "python:3.11-slim"
-ENVIRONMENTS = "environments.jsonl"   # under OUT/.mutations: the builds `agentrl images build` is to make
+IMAGE_BUILDS = "environments.jsonl"   # under OUT/.mutations: the builds `agentrl images build` is to make
 WHEELS = "wheels"
 MAX_WHEEL_BYTES = 48 * 2**20         # a task carries its wheels: a dependency bigger than that belongs in a base image
 REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?\s*([<>=!~]=?.*)?$")
 
 
 @dataclass(frozen=True)
-class Environment:
+class RequirementsImage:
     requirements: tuple[str, ...]
     base: str
     wheels: dict[str, bytes]          # file name -> bytes, sorted
@@ -135,9 +135,9 @@ def shadowing(wheels: dict[str, bytes], project: Project) -> tuple[str, ...]:
 
 
 def fetch(requirements: tuple[str, ...], base: str, find_links: Path | None = None,
-          project: Project | None = None) -> Environment:
+          project: Project | None = None) -> RequirementsImage:
     """The requirements' wheels, their dependencies included, as pip downloads them for this Python; those
-    that install `project`'s own modules are uninstalled again in the image (Environment.uninstall)."""
+    that install `project`'s own modules are uninstalled again in the image (RequirementsImage.uninstall)."""
     index = ["--no-index", "--find-links", str(find_links)] if find_links else []
     with tempfile.TemporaryDirectory(prefix="agentrl-wheels-") as tmp:
         r = subprocess.run([sys.executable, "-m", "pip", "download", "--only-binary", ":all:", "--quiet",
@@ -158,10 +158,10 @@ def fetch(requirements: tuple[str, ...], base: str, find_links: Path | None = No
     if sum(map(len, wheels.values())) > MAX_WHEEL_BYTES:
         raise SourceError(f"--with {' '.join(requirements)}: the wheels take more than {MAX_WHEEL_BYTES >> 20} MiB, "
                           "which every task would carry: put them in the base image (--base-image) instead")
-    return Environment(requirements, base, wheels, shadowing(wheels, project) if project is not None else ())
+    return RequirementsImage(requirements, base, wheels, shadowing(wheels, project) if project is not None else ())
 
 
-def work_name(project: Project, environment: Environment | None) -> str:
+def work_name(project: Project, environment: RequirementsImage | None) -> str:
     """The source's directory under OUT/.mutations: its results hold for this project in this environment."""
     if environment is None:
         return f"{project.name}-{project.digest}"
@@ -169,7 +169,7 @@ def work_name(project: Project, environment: Environment | None) -> str:
     return f"{project.name}-{digest}"
 
 
-def require_images(environments: list[tuple[Project, Environment]], cache_dir: Path | None, jsonl: Path) -> None:
+def require_images(environments: list[tuple[Project, RequirementsImage]], cache_dir: Path | None, jsonl: Path) -> None:
     """Every source's image is in the cache before anything is validated; else `jsonl` holds the builds that
     are missing and the SourceError is the command that makes them."""
     cache = ImageCache(cache_dir) if cache_dir else None

@@ -75,12 +75,11 @@ def model_server(cfg: EvalConfig, model_dir: Path, iteration: int, logs: Path):
         with torch_threads(SERVER_THREADS), ServerThread(engine) as server:
             yield server.url
         return
-    from hpc.inference.sglang import ServerProcess, SGLangConfig, launch_command
+    from hpc.inference.sglang import ServerProcess, SGLangConfig
 
     sglang = SGLangConfig(**cfg.sglang.model_dump(), model_path=model_dir, port=free_port("127.0.0.1"),
                           host="127.0.0.1", weight_version=str(iteration))
-    with ServerProcess(launch_command(sglang), host=sglang.host, port=sglang.port,
-                       log_path=logs / f"eval-sglang-{iteration}.log") as server:
+    with ServerProcess.of(sglang, logs / f"eval-sglang-{iteration}.log") as server:
         server.start()
         yield f"http://127.0.0.1:{sglang.port}"
 

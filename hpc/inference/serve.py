@@ -111,14 +111,14 @@ def cpu_server_options(cfg: CpuServe, run_root: Path, index: int,
 def run_sglang(cfg: SGLangServe, run_root: Path, index: int, liveness_file: Path | None = None) -> int:
     """Serve task `index` until SIGTERM/SIGINT (0); 1 if the server cannot start or exits by itself."""
     from ..registry import Registry
-    from .sglang import ServerError, ServerProcess, launch_command
+    from .sglang import ServerError, ServerProcess
 
     sglang = cfg.for_task(index, run_root)
     layout = RunLayout(run_root)
     log_path = layout.log_path(f"inference-{index}.sglang")
-    server = ServerProcess(launch_command(sglang), host=sglang.host, port=sglang.port, log_path=log_path,
-                           registry=Registry(layout.services_dir), index=index, heartbeat_s=cfg.heartbeat_s,
-                           health_timeout_s=cfg.health_timeout_s, liveness_file=liveness_file)
+    server = ServerProcess.of(sglang, log_path, registry=Registry(layout.services_dir), index=index,
+                              heartbeat_s=cfg.heartbeat_s, health_timeout_s=cfg.health_timeout_s,
+                              liveness_file=liveness_file)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.request_stop())
     print(f"agentrl serve: inference-{index} starts SGLang on port {sglang.port}; its log: {log_path}", flush=True)

@@ -321,6 +321,11 @@ class ServerProcess:
         self.stop_requested = False
         self._stopped = False
 
+    @classmethod
+    def of(cls, cfg: SGLangConfig, log_path: Path, **options: Any) -> ServerProcess:
+        """The server `cfg` describes (the one way the inference role and eval start SGLang)."""
+        return cls(launch_command(cfg), host=cfg.host, port=cfg.port, log_path=log_path, **options)
+
     def request_stop(self) -> None:
         self.stop_requested = True
 

@@ -38,7 +38,7 @@ COMMANDS = (
     Command("status", "agentrl.commands.status", "a run's launch state: roles, restarts, exit codes"),
     Command("stop", "agentrl.commands.stop", "stop a run: scancel its jobs, or signal its local driver"),
     Command("convert harbor", "agentrl.commands.convert_harbor", "Harbor task directories -> one JSONL line per task"),
-    Command("images build", "agentrl.swe.task_images", "build images into the cache and print their paths"),
+    Command("images build", "agentrl.commands.images_build", "build images into the cache and print their paths"),
     Command("tasks check", "agentrl.commands.tasks_check", "oracle (solution) and no-op runs of each task, in "
             "real sandboxes; with --hacks, known reward hacks too"),
     Command("tasks generate", "agentrl.commands.tasks_generate",

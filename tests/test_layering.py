@@ -184,3 +184,16 @@ def test_run_directory_paths_are_named_by_the_run_layout_alone():
                  if p != ROOT / "hpc" / "runlayout.py" and "sandbox_scripts" not in p.parts
                  and (found := builds_run_paths(ast.parse(p.read_text())))}
     assert offenders == {}, f"use hpc.runlayout's RunLayout or EvalLayout for these: {offenders}"
+
+
+# Programs of their own, started by path or -m where no `agentrl` command runs: the built-in agent inside the
+# sandbox (standard library only), and one array task of a mutations validation batch.
+OWN_PROGRAMS = {"agentrl/harness/builtin_agent.py", "agentrl/swe/mutate/slurm.py"}
+
+
+def test_command_lines_are_parsed_in_agentrl_commands_only():
+    """Domain code takes typed options; argparse, and what an argparse namespace carries, stay at the top."""
+    offenders = [rel for p in modules("agentrl") if "argparse" in imported(ast.parse(p.read_text()))
+                 and not (rel := str(p.relative_to(ROOT))).startswith("agentrl/commands/")
+                 and rel not in ("agentrl/cli.py", *OWN_PROGRAMS)]
+    assert offenders == [], f"move these command lines into agentrl/commands/: {offenders}"

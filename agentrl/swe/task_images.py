@@ -17,31 +17,23 @@ into the cache under another build's name.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
-import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
 from hpc.images.apptainer_build import build_environment_apptainer
-from hpc.images.array import JobOutcome, array_script, job_alive, submit, watch, write_outcome
-from hpc.images.bases import pull_base
-from hpc.images.build import add_arguments as add_image_arguments
-from hpc.images.build import build_image, is_reference, run_builds
+from hpc.images.build import build_image, is_reference
 from hpc.images.buildah import BuildahOptions, build_environment
 from hpc.images.cache import CacheError, Entry, Format, ImageCache
 from hpc.images.charliecloud import build_environment_charliecloud
 from hpc.images.dockerfile import DOCKERFILE, build_key, built_image_name, plan_dockerfile
-from hpc.images.oci import ImageError
 
-from . import history
 from .harbor import expand_task_dirs
 from .loaded import decode_payloads, load_task_records, materialize
 from .sandboxes import image_check
@@ -119,128 +111,64 @@ class Job:
     tasks: tuple[tuple[str, str, History], ...] = ()   # (instance id, workdir, history) of the tasks it serves
 
 
-def build_jobs(args: argparse.Namespace, cache: ImageCache) -> list[Job]:
+class TaskImagesError(ValueError):
+    """The sources cannot be built as asked; the message says why."""
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """What `agentrl images build` was asked: the sources and how to build them."""
+    sources: tuple[str, ...]
+    format: Format = "rootfs"
+    fakeroot: bool = False
+    registries_conf: Path | None = None
+    storage_root: Path | None = None
+    storage_driver: Literal["vfs", "overlay"] | None = None
+    builder: str = "buildah"
+
+
+def task_bases(sources: list[str]) -> list[str]:
+    """The base images (FROM lines) of the tasks' Dockerfiles among the sources, each once."""
+    try:
+        builds = environment_builds(load_task_records([s for s in sources if is_task_source(s)]))
+        return list(dict.fromkeys(base for b in builds.values()
+                                  for base in plan_dockerfile(b.files[DOCKERFILE].decode(), b.files).bases))
+    except (TaskSpecError, ValueError, OSError) as e:
+        raise TaskImagesError(str(e)) from None
+
+
+
+def build_jobs(req: BuildRequest, cache: ImageCache) -> list[Job]:
     """Every build the sources ask for, in an order that is the same wherever it is computed: the images
     as given, then the tasks' distinct environments in the order of their first task."""
     try:
-        opts = BuildahOptions(registries_conf=args.registries_conf, storage_root=args.storage_root,
-                              storage_driver=args.storage_driver)
+        opts = BuildahOptions(registries_conf=req.registries_conf, storage_root=req.storage_root,
+                              storage_driver=req.storage_driver)
     except ValidationError as e:
-        raise SystemExit(f"agentrl images build: {e.errors()[0]['msg'].removeprefix('Value error, ')}") from None
-    images = [s for s in args.sources if not is_task_source(s)]
+        raise TaskImagesError(e.errors()[0]["msg"].removeprefix("Value error, ")) from None
+    images = [s for s in req.sources if not is_task_source(s)]
     try:
-        records = load_task_records([s for s in args.sources if is_task_source(s)])
+        records = load_task_records([s for s in req.sources if is_task_source(s)])
         builds = environment_builds(records)
     except (TaskSpecError, ValueError, OSError) as e:
-        raise SystemExit(f"agentrl images build: {e}") from None
+        raise TaskImagesError(str(e)) from None
     served = {str(m.get("instance_id")): (str(m.get("workdir") or "/testbed"), m.get("history", DEFAULT_HISTORY))
               for m in (r.get("metadata") or {} for r in records)}
     jobs = [Job(src, src if is_reference(src) else os.path.abspath(src),
-                functools.partial(build_image, src, cache, args.format, fakeroot=args.fakeroot,
-                                  registries_conf=args.registries_conf)) for src in images]
+                functools.partial(build_image, src, cache, req.format, fakeroot=req.fakeroot,
+                                  registries_conf=req.registries_conf)) for src in images]
     for b in builds.values():
         more = f", {len(b.tasks) - 1} more" if len(b.tasks) > 1 else ""
         jobs.append(Job(f"dockerfile:{b.key[7:19]} (task {b.tasks[0]}{more})", built_image_name(b.key),
-                        functools.partial(build_one, b, cache, args.format, opts, args.builder, args.fakeroot),
+                        functools.partial(build_one, b, cache, req.format, opts, req.builder, req.fakeroot),
                         tuple((t, *served[t]) for t in b.tasks if t in served)))
     if not jobs:
-        raise SystemExit("agentrl images build: the tasks given need no build (their images are prebuilt): "
-                         "build those images by name, or give the tasks whose Dockerfile needs a build")
+        raise TaskImagesError("the tasks given need no build (their images are prebuilt): build those images by "
+                              "name, or give the tasks whose Dockerfile needs a build")
     return jobs
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_image_arguments(p)
-    p.add_argument("--builder", choices=("buildah", "apptainer", "charliecloud"), default="buildah",
-                   help="what builds tasks' Dockerfiles: buildah (default; any Dockerfile), apptainer build "
-                        "(--fakeroot where the site requires it; no multi-stage builds), or charliecloud's "
-                        "ch-image (unprivileged; rootfs only, flattened, USER ignored)")
-    p.add_argument("--storage-root", type=Path, metavar="DIR",
-                   help="where the builder keeps images and base layers (buildah --root, ch-image -s; default: "
-                        "buildah's own, CACHE/.charliecloud)")
-    p.add_argument("--storage-driver", choices=("vfs", "overlay"),
-                   help="buildah's storage driver (vfs works on any filesystem, NFS too)")
-    p.add_argument("--slurm", action="store_true",
-                   help="build as a Slurm job array (what is cached already is not submitted), and watch it")
-    p.add_argument("--parallelism", type=int, default=8, help="with --slurm: array tasks at once (default 8)")
-    p.add_argument("--sbatch-option", action="append", default=[], metavar="OPT",
-                   help="with --slurm: an sbatch option for the array, such as --partition=cpu (repeatable)")
-    p.add_argument("--no-wait", action="store_true", help="with --slurm: submit, print the job id, and return")
-    p.add_argument("--pull-bases", action="store_true",
-                   help="only pull the tasks' base images (their FROM lines) into CACHE/bases, on a node with "
-                        "network, for builds on nodes without it")
-    p.add_argument("--job-index", type=int, help=argparse.SUPPRESS)      # an array task: build this one
-    p.add_argument("--outcomes", type=Path, help=argparse.SUPPRESS)      # ... and say how it went here
-
-
-def _array_task(args: argparse.Namespace, jobs: list[Job]) -> int:
-    if args.outcomes is None or not 0 <= args.job_index < len(jobs):
-        raise SystemExit(f"agentrl images build: --job-index {args.job_index} needs --outcomes and must be one of "
-                         f"the {len(jobs)} builds")
-    job = jobs[args.job_index]
-    print(f"building {job.name}", file=sys.stderr, flush=True)
-    try:
-        entry, built = job.build()
-        outcome = JobOutcome(index=args.job_index, name=job.name, outcome="built" if built else "cached",
-                             message=str(entry.payload))
-    except (ImageError, CacheError, OSError) as e:
-        outcome = JobOutcome(index=args.job_index, name=job.name, outcome="failed", message=str(e))
-    print(f"{outcome.outcome}: {outcome.message}", file=sys.stderr, flush=True)
-    write_outcome(args.outcomes, outcome)
-    return 0 if outcome.outcome != "failed" else 1
-
-
-def _submit(args: argparse.Namespace, jobs: list[Job], cache: ImageCache) -> int:
-    if args.parallelism < 1:
-        raise SystemExit(f"agentrl images build: --parallelism must be at least 1, got {args.parallelism}")
-    pending = [i for i, job in enumerate(jobs) if cache.find(job.label, args.format) is None]
-    print(f"{len(jobs) - len(pending)} of {len(jobs)} builds are cached already", file=sys.stderr)
-    if not pending:
-        return 0
-    run_dir = cache.root / "builds" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    run_dir.mkdir(parents=True)
-    command = ["-m", "agentrl.cli", "images", "build", *(s if is_reference(s) else os.path.abspath(s)
-                                                         for s in args.sources),
-               "--cache", str(cache.root.resolve()), "--format", args.format]
-    for flag, value in (("--registries-conf", args.registries_conf), ("--storage-root", args.storage_root)):
-        if value is not None:
-            command += [flag, str(Path(value).resolve())]
-    command += [*(["--storage-driver", args.storage_driver] if args.storage_driver else []),
-                *(["--fakeroot"] if args.fakeroot else []), "--builder", args.builder]
-    script = run_dir / "job.sbatch"
-    script.write_text(array_script(command, pending, args.parallelism, run_dir, sbatch_options=args.sbatch_option))
-    job_id = submit(script)
-    print(f"submitted {len(pending)} builds as job {job_id}; outcomes and output in {run_dir}", file=sys.stderr)
-    if args.no_wait:
-        print(job_id)
-        return 0
-    done = watch(run_dir, pending, {i: jobs[i].name for i in pending}, lambda: job_alive(job_id))
-    failed = [o for o in done.values() if o.outcome == "failed"]
-    for o in failed:
-        print(f"  FAILED {o.name}: {o.message}", file=sys.stderr)
-    return 1 if failed else 0
-
-
-def _pull_bases(args: argparse.Namespace, cache: ImageCache) -> int:
-    try:
-        builds = environment_builds(load_task_records([s for s in args.sources if is_task_source(s)]))
-        bases = list(dict.fromkeys(base for b in builds.values()
-                                   for base in plan_dockerfile(b.files[DOCKERFILE].decode(), b.files).bases))
-    except (TaskSpecError, ValueError, OSError) as e:
-        raise SystemExit(f"agentrl images build: {e}") from None
-    failed = 0
-    for i, base in enumerate(bases, 1):
-        try:
-            layout, pulled = pull_base(base, cache, args.registries_conf)
-            print(f"[{i}/{len(bases)}] {base}: {'pulled' if pulled else 'present'} {layout}", file=sys.stderr)
-        except (ImageError, OSError) as e:
-            failed += 1
-            print(f"[{i}/{len(bases)}] {base}: FAILED: {e}", file=sys.stderr)
-    print(f"{len(bases) - failed} of {len(bases)} bases in {cache.root / 'bases'}", file=sys.stderr)
-    return 1 if failed else 0
-
-
-def _trees(entry: Entry, cache: ImageCache) -> list[Path]:
+def image_trees(entry: Entry, cache: ImageCache) -> list[Path]:
     """A built image as file trees to read, top first (none for a SIF)."""
     if entry.record.format == "layers":
         try:
@@ -248,23 +176,3 @@ def _trees(entry: Entry, cache: ImageCache) -> list[Path]:
         except CacheError:
             return []
     return [entry.payload] if entry.payload.is_dir() else []
-
-
-def run(args: argparse.Namespace) -> int:
-    cache = ImageCache(args.cache)
-    if args.pull_bases:
-        return _pull_bases(args, cache)
-    jobs = build_jobs(args, cache)
-    if args.job_index is not None:
-        return _array_task(args, jobs)
-    if args.slurm:
-        return _submit(args, jobs, cache)
-    results = run_builds([(job.name, job.build) for job in jobs], sys.stderr)
-    for job in jobs:
-        if isinstance(entry := results.get(job.name), Entry):
-            for warning in history.image_warnings(_trees(entry, cache), list(job.tasks)):
-                print(f"warning: {warning}", file=sys.stderr)
-    for result in results.values():
-        if isinstance(result, Entry):
-            print(result.payload)
-    return 0 if all(isinstance(r, Entry) for r in results.values()) else 1

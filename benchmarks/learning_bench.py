@@ -133,7 +133,7 @@ def harness_args(harness: str) -> list[str]:
 def pool(args: argparse.Namespace) -> dict:
     """The pool's settings, for training and eval alike (the task in PROBLEM_STATEMENT.md)."""
     return {"harness": args.harness, "prompt_style": "instruction", "max_agents": 2, "max_booting": 2,
-            "max_context": 4096, "max_new_tokens": 96, "lease_s": 60,
+            "adapter": {"max_context": 4096, "max_new_tokens": 96}, "lease_s": 60,
             **({"extra_args": harness_args(args.harness)} if harness_args(args.harness) else {}),
             **({"tools_dir": str(args.tools_dir)} if args.tools_dir else {})}
 

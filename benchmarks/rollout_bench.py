@@ -290,7 +290,7 @@ async def run_batch(work: Path, model: Path, prompts: Path, tools: Path, port: i
     train = {"model": str(model), "prompt_data": str(prompts), "num_rollouts": 1, "rollout_batch_size": groups,
              "n_samples_per_prompt": GROUP_SIZE, "shuffle": False}
     pool = {"harness": "builtin", "max_agents": concurrency, "max_booting": max_booting, "lease_s": 120,
-            "poll_s": 0.1, "max_new_tokens": MAX_NEW_TOKENS, "tools_dir": str(tools),
+            "poll_s": 0.1, "adapter": {"max_new_tokens": MAX_NEW_TOKENS}, "tools_dir": str(tools),
             "scratch_dir": str(work / "scratch")}
     run = RunLayout.create(work / "run", config={"train": train, "pool": pool})
     registry = Registry(run.services_dir)

@@ -70,8 +70,9 @@ def test_three_training_steps_with_claude_code_on_slurm(slurm_env, tiny_model, t
         "train": {"model": str(tiny_model), "prompt_data": str(prompts), "num_rollouts": 3, "rollout_batch_size": 1,
                   "n_samples_per_prompt": 2, "lr": 1e-3, "max_tokens_per_gpu": 131072, "publish_every": 100,
                   "rollout_timeout_s": 600, "tracking": {"wandb": "disabled"}},
-        "pool": {"harness": "claude_code", "max_agents": 2, "max_booting": 2, "max_context": 131072,
-                 "max_new_tokens": 2048, "lease_s": 120, "tools_dir": str(tmp_path / "tools")},
+        "pool": {"harness": "claude_code", "max_agents": 2, "max_booting": 2,
+                 "adapter": {"max_context": 131072, "max_new_tokens": 2048}, "lease_s": 120,
+                 "tools_dir": str(tmp_path / "tools")},
     }
     cfg = tmp_path / "e2e.yaml"
     cfg.write_text(yaml.safe_dump(config))

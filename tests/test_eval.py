@@ -33,8 +33,8 @@ def setup(tiny_model, tmp_path):
                     str(BUNDLED_TASKS / "csv-quote-escaping"), "--out", str(data)], check=True, capture_output=True,
                    cwd=ROOT)
     config = {"eval": {"tasks": str(data), "n_samples": 2, "temperature": 1.0, "seed": 5,
-                       "pool": {"harness": "builtin", "max_agents": 2, "max_booting": 2, "max_new_tokens": 24,
-                                "max_context": 4096, "lease_s": 10, "poll_s": 0.2,
+                       "pool": {"harness": "builtin", "max_agents": 2, "max_booting": 2,
+                                "adapter": {"max_new_tokens": 24, "max_context": 4096}, "lease_s": 10, "poll_s": 0.2,
                                 "tools_dir": str(tmp_path / "tools")}}}
     cfg = tmp_path / "eval.yaml"
     cfg.write_text(yaml.safe_dump(config))

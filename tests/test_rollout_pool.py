@@ -190,7 +190,8 @@ def test_an_agent_answered_after_a_server_error_owns_its_exit_and_is_graded_on_i
     limit: the agent's own outcome, graded and trained at reward 0 on try 0, not an infrastructure
     failure that spends a try (three such in a row failed an attempt for good, and its rollout with it)."""
     config = run.manifest().config
-    train, pool = load_train_config(config["train"]), load_pool_config({**config["pool"], "max_new_tokens": 64})
+    train = load_train_config(config["train"])
+    pool = load_pool_config({**config["pool"], "adapter": {"max_new_tokens": 64}})
     rambling = {"role": "assistant", "content": "The table " * 100}     # cut at max_new_tokens
     with ScriptedUpstream(tiny_model) as upstream:
         upstream.push({"fail": 503}, rambling, rambling)

@@ -98,8 +98,8 @@ def test_eval_finds_a_tasks_image_in_its_image_cache(python_image, tiny_model, t
         config = tmp_path / f"{out.name}.yaml"
         config.write_text(json.dumps({"eval": {
             "tasks": str(task), "n_samples": 1, "max_tries": 1,
-            "pool": {"harness": "builtin", "max_new_tokens": 16, "max_context": 4096, "lease_s": 10, "poll_s": 0.2,
-                     "tools_dir": str(tmp_path / "tools"), **pool}}}))
+            "pool": {"harness": "builtin", "adapter": {"max_new_tokens": 16, "max_context": 4096}, "lease_s": 10,
+                     "poll_s": 0.2, "tools_dir": str(tmp_path / "tools"), **pool}}}))
         return subprocess.run([sys.executable, "-m", "agentrl.cli", "eval", str(tiny_model), "--config", str(config),
                                "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
 

@@ -95,7 +95,7 @@ def test_teacher_demonstrations_through_the_real_loop_are_graded_and_saved(harne
     tasks = tmp_path / "tasks"
     gen.generate("pyfix-hint", "train", 7, n_tasks, tasks)
     pool = {"harness": harness, "prompt_style": "instruction", "max_agents": 2, "max_booting": 2,
-            "max_new_tokens": 96, "max_context": 8192, "lease_s": 60, "tools_dir": str(tmp_path / "tools")}
+            "adapter": {"max_new_tokens": 96, "max_context": 8192}, "lease_s": 60, "tools_dir": str(tmp_path / "tools")}
     cfg = tmp_path / "teach.yaml"
     cfg.write_text(yaml.safe_dump({"eval": {"tasks": str(tasks), "n_samples": 2, "seed": 3, "engine": "teacher",
                                             "teacher_accuracy": 0.5, "save_samples": True, "pool": pool}}))
@@ -129,7 +129,7 @@ def test_the_teacher_fixes_a_real_projects_bug_from_its_fix_hint(tiny_model, tmp
         said = (task / "instruction.md").read_text()
         assert re.search(r"`sed -i '\d+s/.+/' [\w/.]+` makes the fix", said) and "The bug is in `" in said, said
     pool = {"harness": "builtin", "prompt_style": "instruction", "max_agents": 2, "max_booting": 2,
-            "max_new_tokens": 96, "max_context": 8192, "lease_s": 60}
+            "adapter": {"max_new_tokens": 96, "max_context": 8192}, "lease_s": 60}
     cfg = tmp_path / "teach.yaml"
     cfg.write_text(yaml.safe_dump({"eval": {"tasks": str(tasks), "n_samples": 4, "seed": 1, "engine": "teacher",
                                             "teacher_accuracy": 0.5, "pool": pool}}))

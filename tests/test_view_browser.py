@@ -83,7 +83,8 @@ def site(tiny_model, tmp_path_factory) -> Path:
     config.write_text(yaml.safe_dump({"eval": {
         "tasks": str(work / "tasks"), "n_samples": 2, "seed": 0, "engine": "teacher", "teacher_accuracy": 0.5,
         "save_samples": True, "pool": {"harness": "builtin", "prompt_style": "instruction", "max_agents": 2,
-                                       "max_booting": 2, "max_context": 4096, "max_new_tokens": 96, "lease_s": 60,
+                                       "max_booting": 2, "lease_s": 60,
+                                       "adapter": {"max_context": 4096, "max_new_tokens": 96},
                                        "tools_dir": str(work / "tools"), "scratch_dir": str(work / "scratch")}}}))
     (work / "scratch").mkdir()
     agentrl("eval", tiny_model, "--config", config, "--out", run.eval_dir(0))

@@ -1,18 +1,8 @@
-"""`agentrl images build`: task images into the image cache, a data set's Dockerfiles among them.
-
-A source is an image (an OCI layout, an oci-/docker-archive, a registry reference: see
-hpc/images/build.py) or tasks: a Harbor task directory, a directory of them, or a prompts
-JSONL. A task whose environment/Dockerfile needs a build carries its build context
-(metadata.harbor.environment_build, written by `agentrl convert harbor`); each distinct
-context, by its key, is built once, by buildah, Apptainer or charliecloud (--builder:
-hpc/images/buildah.py, apptainer_build.py, charliecloud.py), checked (its task's build_check)
-before the cache takes it, and its tasks find the image in the cache by the name
-`dockerfile:<key>`. --slurm builds them as one job array (hpc/images/array.py), --pull-bases
-copies their FROM images to the shared filesystem for nodes without network (bases.py).
-
-The records are untrusted, like every task input: the context's paths are checked as they
-are written, and the key is computed again from the files, so a record cannot put an image
-into the cache under another build's name.
+"""Task images: each distinct build context of the tasks' Dockerfiles (metadata.harbor.environment_build, from
+`agentrl convert harbor`) built once, by its key, into the image cache as `dockerfile:<key>`, after its
+task's build_check passes; images given by name built as they are (`agentrl images build`: the command in
+agentrl/commands/images_build.py). A record is untrusted: its paths are checked as they are written and its
+key computed again from the files, so it cannot put an image into the cache under another build's name.
 """
 
 from __future__ import annotations

@@ -82,17 +82,16 @@ def tokenizer_path(source: Source) -> Path | None:
 
 
 def parsers(source: Source) -> tuple[str | None, str | None]:
-    """(tool_parser, reasoning_parser) of the run's pool section (pool.adapter, or pool: in a run made before the
-    adapter's keys moved); the adapter's defaults where unset."""
+    """(tool_parser, reasoning_parser) of the run's pool section, read as the pool reads it (a run made before
+    the adapter's keys moved included); the adapter's defaults where the section is unset or unreadable."""
     from ..adapter.settings import AdapterSettings
+    from ..pool.config import PoolConfigError, load_pool_config
 
-    pool = source.config.get("pool")
-    pool = pool if isinstance(pool, dict) else {}
-    nested = pool.get("adapter")
-    adapter: dict[str, Any] = nested if isinstance(nested, dict) else pool
-    defaults = AdapterSettings.model_fields
-    return (adapter.get("tool_parser", defaults["tool_parser"].default),
-            adapter.get("reasoning_parser", defaults["reasoning_parser"].default))
+    try:
+        adapter = load_pool_config(source.config.get("pool")).adapter
+    except PoolConfigError:
+        adapter = AdapterSettings()
+    return adapter.tool_parser, adapter.reasoning_parser
 
 
 # ---------------------------------------------------------------- listings

@@ -18,14 +18,17 @@ directory, launcher environment and `role_config`), the one way a role gets its 
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from hpc.environment import RoleEnv
+from hpc.inference import routing
 from hpc.inference.serve import CpuServe, InferenceConfigError, SGLangServe, parse_inference
 from hpc.launch.plan import Plan, PlanError, load_plan
 from hpc.runlayout import RunLayout
@@ -138,9 +141,37 @@ def load_run_config(data: Any, base: Path, source: str, *, partitions: dict[str,
             typed["pool"].sampling(typed["train"].rollout_temperature)
         except PoolConfigError as e:
             problems.append(f"{source}: {e}")
+    if "train" in typed and typed["train"].routing_replay:
+        problems.extend(f"{source}: {problem}" for problem in
+                        routing_replay_problems(typed["train"], typed.get("pool"), typed.get("inference")))
     if problems:
         raise RunConfigError("\n".join(problems))
     return RunConfig(source=source, raw=raw, missing_paths=tuple(missing), **typed)
+
+
+def routing_replay_problems(train: TrainConfig, pool: PoolConfig | None,
+                            inference: CpuServe | SGLangServe | None) -> list[str]:
+    """Why train.routing_replay cannot work with these sections: a model without MoE layers (when its
+    config.json is there to read), or a part of the path that would not carry the routes."""
+    problems = []
+    config = train.model / "config.json"
+    if config.is_file():
+        try:
+            shape = routing.moe_shape(SimpleNamespace(**{"decoder_sparse_step": 1, "mlp_only_layers": (),
+                                                          **json.loads(config.read_text())}))
+        except (ValueError, AttributeError, TypeError) as e:
+            problems.append(f"train.routing_replay: {config} cannot be read as a model's config: {e}")
+        else:
+            if shape is None:
+                problems.append(f"train.routing_replay: the model at {train.model} has no MoE layer (its config.json "
+                                "names no num_experts and num_experts_per_tok): nothing to replay; set it to false")
+    if pool is not None and not pool.adapter.return_routed_experts:
+        problems.append("train.routing_replay needs pool.adapter.return_routed_experts: true (the adapter then asks "
+                        "for each token's experts and keeps them in the samples)")
+    if inference is not None and not inference.enable_return_routed_experts:
+        problems.append("train.routing_replay needs inference.enable_return_routed_experts: true (the servers "
+                        "then return each token's experts: SGLang's --enable-return-routed-experts)")
+    return problems
 
 
 def read_config_file(path: Path) -> Any:

@@ -28,6 +28,7 @@ from .harness.empty_patch import EmptyPatchClass
 
 _ARRAYS = {"tokens": np.int32, "loss_mask": np.uint8, "rollout_log_probs": np.float32, "token_versions": np.int32}
 UNKNOWN_VERSION = -1     # in token_versions: not the model's token (prompt, tool output), or no version reported
+ROUTE_DTYPE = np.int16   # expert ids: up to 32767 experts, half of SGLang's int32 on disk
 
 
 class AttemptMetadata(BaseModel):
@@ -85,12 +86,18 @@ class Sample:
     # Per response token, the weight version of the model that generated it (UNKNOWN_VERSION where none did,
     # or none was reported): an agent's session may span a weight update. Left empty: all unknown (older shards).
     token_versions: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    # An MoE's routes for routing replay (hpc.inference.routing): per position of `tokens`, the experts the
+    # sampler sent it to in each layer, [len(tokens), layers x top_k] (NO_ROUTE where none was recorded).
+    # None: not recorded (a dense model, or the adapter's return_routed_experts off).
+    routed_experts: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if not len(self.token_versions):
             self.token_versions = np.full(max(0, int(self.response_length)), UNKNOWN_VERSION, np.int32)
         for name, dtype in _ARRAYS.items():
             setattr(self, name, np.asarray(getattr(self, name), dtype=dtype))
+        if self.routed_experts is not None:
+            self.routed_experts = np.asarray(self.routed_experts, dtype=ROUTE_DTYPE)
         # Plain Python numbers, whatever the caller computed them with: what a shard record holds.
         self.response_length, self.group_index, self.attempt = (
             int(self.response_length), int(self.group_index), int(self.attempt))
@@ -104,6 +111,9 @@ class Sample:
             if len(getattr(self, name)) != self.response_length:
                 wrong.append(f"{name} has {len(getattr(self, name))} entries, "
                                 f"response_length is {self.response_length}")
+        routes = self.routed_experts
+        if routes is not None and (routes.ndim != 2 or len(routes) != len(self.tokens)):
+            wrong.append(f"routed_experts has shape {routes.shape}, not one row per token ({len(self.tokens)})")
         if not isinstance(self.metadata, SampleMetadata):
             wrong.append(f"metadata must be a SampleMetadata, not {type(self.metadata).__name__}")
         if wrong:
@@ -122,7 +132,9 @@ class SampleCodec:
                 "rollout_log_probs": item.rollout_log_probs, "token_versions": item.token_versions,
                 "reward": item.reward, "status": item.status,
                 "group_index": item.group_index, "attempt": item.attempt,
-                "metadata": item.metadata.model_dump(mode="json")}
+                "metadata": item.metadata.model_dump(mode="json"),
+                # absent rather than None: a shard written before routes existed reads the same
+                **({} if item.routed_experts is None else {"routed_experts": item.routed_experts})}
 
     def from_record(self, record: dict[str, Any]) -> Sample:
         try:

@@ -418,6 +418,18 @@ def test_the_server_runs_torch_on_the_threads_it_is_given_and_refuses_none(tiny_
     assert e.value.code == 2 and "--threads must be 1 or more, got 0" in capsys.readouterr().err
 
 
+def test_the_dtype_and_routes_flags_reach_the_servers_options(tiny_model, monkeypatch, capsys):
+    from hpc.inference import cpu_server
+
+    seen = []
+    monkeypatch.setattr(cpu_server, "run", lambda opts: seen.append(opts) or 0)
+    assert cpu_server.main(["--model", str(tiny_model), "--dtype", "bfloat16", "--enable-return-routed-experts"]) == 0
+    assert (seen[0].dtype, seen[0].enable_return_routed_experts) == ("bfloat16", True)
+    with pytest.raises(SystemExit):
+        cpu_server.main(["--model", str(tiny_model), "--dtype", "float16"])
+    assert "invalid choice: 'float16'" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (tools/gpu_check.sh runs it there)")
 def test_on_a_gpu_the_server_answers_as_on_the_cpu(tiny_model, engine):
     """The same requests, greedy and seeded, on the GPU and the CPU: the same tokens, log-probs to 1e-4."""

@@ -70,6 +70,10 @@ def test_a_cpu_section_becomes_the_stand_ins_options(tmp_path):
         heartbeat_s=0.5, liveness_file=tmp_path / "alive", threads=1)
     threads = parse_inference({"engine": "cpu", "model": "/m", "threads": 2}, 0)
     assert cpu_server_options(threads, tmp_path, 0).threads == 2
+    moe = parse_inference({"engine": "cpu", "model": "/m", "dtype": "bfloat16",
+                           "enable_return_routed_experts": True}, 0)
+    assert cpu_server_options(moe, tmp_path, 0).dtype == "bfloat16"
+    assert cpu_server_options(moe, tmp_path, 0).enable_return_routed_experts is True
 
 
 @pytest.mark.parametrize("section, index, message", [

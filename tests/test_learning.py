@@ -91,6 +91,10 @@ def test_grpo_through_the_whole_loop_raises_the_policys_preference_for_what_pass
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     rewards = [round(m["reward_mean"], 2) for m in metrics if "rollout" in m and "reward_mean" in m]
     print(f"training reward by rollout: {rewards}")
+    # Each rollout's first step, on the tokens its weights sampled: the stand-in's and the trainer's float32
+    # log-probs of one model (agentrl/train/mismatch.py; about 1e-7 mean and 1e-5 max on this machine).
+    mismatch = [(m["train/mismatch_tokens"], m.get("train/mismatch_max")) for m in metrics if "rollout" in m]
+    assert all(n > 0 and worst < 1e-3 for n, worst in mismatch), f"(tokens, max) by rollout: {mismatch}"
     before = preference(work / "warm", probe)
     after = preference(run / "checkpoints" / f"iter_{args.rollouts}" / "hf", probe)
     print(f"preference for passing attempts: {before:.2f} -> {after:.2f} nats ({after - before:+.2f}, "

@@ -34,7 +34,9 @@ def train_line(r: int, **extra) -> dict:
             "attempts_per_hour": 480.0 + r, "trained_tokens_per_s": 63.3, "metric_input_errors": 0,
             "rollout_s": 60.0 - r, "train/loss": 0.01 * r, "train/pg_loss": 0.01 * r, "train/clipfrac": 0.1,
             "train/approx_kl": 0.001, "train/ratio": 1.0, "train/grad_norm": 0.5 + r, "train_s": 5.0 + r,
-            "checkpoint_s": 1.5, "fingerprint": "cf78bc5efba99be2"}
+            "checkpoint_s": 1.5, "fingerprint": "cf78bc5efba99be2", "train/mismatch_mean": 0.002 * (r + 1),
+            "train/mismatch_max": 0.1 * (r + 1), "train/mismatch_k3": 1e-5, "train/mismatch_over": 0.0,
+            "train/mismatch_tokens": 3800}
     if r == 0:      # rollout_report writes only the empty-patch classes it saw
         line.update({"empty_patch/claimed_completion": 1, "empty_patch/mid_task_narration": 1})
     if r == 1:
@@ -122,6 +124,17 @@ def test_line_figures_hold_their_series():
     assert fig.get_suptitle() == reward.title and ax.get_xlabel() == "rollout" and ax.get_ylabel()
 
 
+def test_the_sampler_and_trainer_mismatch_has_its_figure_and_a_run_before_it_says_why_not():
+    records = [train_line(r) for r in range(3)]
+    [plot] = [p for p in training_plots(records) if p.name == "mismatch"]
+    assert plot.panels[0].series == {"train/mismatch_mean": ([0, 1, 2], [0.002, 0.004, 0.006]),
+                                     "train/mismatch_max": ([0, 1, 2], [0.1, 0.2, 0.30000000000000004])}
+    assert [set(p.series) for p in plot.panels[1:]] == [{"train/mismatch_k3"}, {"train/mismatch_over"}]
+    before = [{k: v for k, v in line.items() if "mismatch" not in k} for line in records]
+    [plot] = [p for p in training_plots(before) if p.name == "mismatch"]
+    assert not plot.panels and "no rollout recorded train/mismatch_*" in (plot.skipped or "")
+
+
 def test_stacked_bars_sit_on_the_classes_below_them():
     records = [train_line(r) for r in range(3)]
     drift = next(p for p in training_plots(records) if p.name == "drift")
@@ -195,7 +208,7 @@ def test_a_run_without_metrics_gets_a_report_saying_so(tmp_path, capsys):
     assert "_No training metrics yet: metrics.jsonl does not exist._" in report
     assert "latest checkpoint: none yet" in report and "rollouts recorded: none" in report
     assert referenced_pngs(report) == [] and list(root.glob("*.png")) == []
-    assert report.count("_Skipped: no training metrics yet._") == 8
+    assert report.count("_Skipped: no training metrics yet._") == 9
 
 
 def test_a_directory_that_is_not_a_run_exits_2(tmp_path, capsys):

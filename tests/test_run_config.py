@@ -146,3 +146,27 @@ def test_a_role_that_exits_2_for_its_config_is_not_restarted(tmp_path):
     assert records["pool"].restarts == 0 and records["pool"].exit_code == 2
     status = agentrl("status", str(tmp_path / "run"))
     assert "a configuration error: not restarted" in status.stdout, status.stdout
+
+
+def test_routing_replay_is_refused_where_no_route_would_reach_the_trainer(tiny_model, tiny_moe_model, tmp_path):
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "p"}\n')
+
+    def config(model, *, adapter=False, servers=False, backend="torch"):
+        return {"train": {"model": str(model), "prompt_data": "prompts.jsonl", "num_rollouts": 1, "backend": backend,
+                          "rollout_batch_size": 1, "n_samples_per_prompt": 1, "routing_replay": True},
+                "pool": {"adapter": {"return_routed_experts": adapter}},
+                "inference": {"engine": "cpu", "model": str(model), "enable_return_routed_experts": servers}}
+
+    with pytest.raises(RunConfigError) as e:
+        load_run_config(config(tiny_model), tmp_path, "run.yaml")
+    assert str(e.value).splitlines() == [
+        f"run.yaml: train.routing_replay: the model at {tiny_model} has no MoE layer (its config.json names no "
+        "num_experts and num_experts_per_tok): nothing to replay; set it to false",
+        "run.yaml: train.routing_replay needs pool.adapter.return_routed_experts: true (the adapter then asks for "
+        "each token's experts and keeps them in the samples)",
+        "run.yaml: train.routing_replay needs inference.enable_return_routed_experts: true (the servers then "
+        "return each token's experts: SGLang's --enable-return-routed-experts)"]
+    with pytest.raises(RunConfigError, match="train: routing_replay with backend: megatron: its weight conversion"):
+        load_run_config(config(tiny_moe_model, adapter=True, servers=True, backend="megatron"), tmp_path, "run.yaml")
+    cfg = load_run_config(config(tiny_moe_model, adapter=True, servers=True), tmp_path, "run.yaml")
+    assert cfg.train.routing_replay and cfg.pool.adapter.return_routed_experts

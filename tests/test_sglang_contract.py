@@ -22,6 +22,7 @@ from sglang_env import VERSIONS, environment_or_skip
 
 from agentrl.adapter.limits import SAMPLING_KEYS, sampling_values
 from agentrl.adapter.upstream import UpstreamPool, parse_generation
+from hpc.inference import routing
 from hpc.inference.cpu_server import Engine, ServerThread
 from hpc.inference.sglang import (
     REASONING_PARSERS,
@@ -39,6 +40,7 @@ pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 ROOT = Path(__file__).resolve().parents[1]
 ORACLE = Path(__file__).resolve().parent / "sglang_oracle.py"
 PROMPT = [101, 202, 303, 404, 505, 606]
+ROUTES_FROM = 4
 # Every sampling key the adapter passes on (limits.SAMPLING_KEYS), at values the CPU stand-in implements
 SAMPLING = {"max_new_tokens": 4, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "stop": [],
             "sampling_seed": 3, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0}
@@ -46,7 +48,8 @@ SAMPLING = {"max_new_tokens": 4, "temperature": 0.7, "top_p": 0.9, "top_k": 20, 
 FIELD_OF = {"model_path": "model_path", "tp": "tp_size", "dp": "dp_size", "mem_fraction_static": "mem_fraction_static",
             "tool_call_parser": "tool_call_parser", "reasoning_parser": "reasoning_parser",
             "context_length": "context_length", "host": "host", "port": "port", "weight_version": "weight_version",
-            "skip_server_warmup": "skip_server_warmup", "enable_memory_saver": "enable_memory_saver"}
+            "skip_server_warmup": "skip_server_warmup", "enable_memory_saver": "enable_memory_saver",
+            "enable_return_routed_experts": "enable_return_routed_experts"}
 NOT_FLAGS = {"python", "container", "binds", "extra_args"}   # how the command starts, or passed through as given
 SGLANG_DEFAULTS = {"weight_version": "default"}              # an option left unset leaves SGLang's default
 # An HF config SGLang's post-init reads (no weights needed): a small Llama
@@ -62,7 +65,7 @@ def configs(model: Path) -> dict[str, SGLangConfig]:
         "every option": SGLangConfig(model_path=model, tp=4, dp=2, mem_fraction_static=0.7,
                                      tool_call_parser="qwen3_coder", reasoning_parser="qwen3", context_length=4096,
                                      host="10.0.0.5", port=31000, weight_version="12", skip_server_warmup=True,
-                                     enable_memory_saver=True),
+                                     enable_memory_saver=True, enable_return_routed_experts=True),
         "colocated": SGLangConfig(model_path=model, tp=8, mem_fraction_static=0.3, host="127.0.0.1", port=30001,
                                   enable_memory_saver=True, tool_call_parser="auto", reasoning_parser="auto"),
     }
@@ -109,6 +112,10 @@ def toolkit_requests(model: Path, replies: dict[str, Any] | None = None) -> list
         try:
             await pool.generate("http://gpu1:30000", PROMPT, SAMPLING)
         except Exception:  # noqa: BLE001 - the recorder's reply is not a generation; the request is what counts
+            pass
+        try:        # an MoE's turn for routing replay: its experts from a position of the prompt on
+            await pool.generate("http://gpu1:30000", PROMPT, SAMPLING, routes_from=ROUTES_FROM)
+        except Exception:  # noqa: BLE001
             pass
         await pool.aclose()
     asyncio.run(generate())
@@ -243,21 +250,31 @@ def test_the_client_reads_sglangs_control_replies(sglang, tiny_model):
 GPU_ONLY = {"/release_memory_occupation", "/resume_memory_occupation"}   # colocated: SGLang's memory saver
 
 
-def test_the_cpu_stand_in_answers_the_same_requests_in_sglangs_shapes(answers, sent, tiny_model):
+def test_the_cpu_stand_in_answers_the_same_requests_in_sglangs_shapes(answers, sent, tiny_model, tiny_moe_model):
     replies: dict[str, Any] = {}
-    with ServerThread(Engine(tiny_model)) as server:
+    with ServerThread(Engine(tiny_model)) as server, \
+            ServerThread(Engine(tiny_moe_model, return_routed_experts=True)) as moe:
         for method, path, body in sent:
             if path in GPU_ONLY:
                 continue
-            r = httpx.request(method, server.url + path, json=body, timeout=60)
+            routed = bool(body and body.get("return_routed_experts"))     # an MoE's turn: the MoE's server
+            r = httpx.request(method, (moe if routed else server).url + path, json=body, timeout=60)
             assert r.status_code == 200, f"{method} {path} {body}: {r.status_code} {r.text[:300]}"
-            replies[path] = r.json() if r.headers.get("content-type") == "application/json" else r.text
+            replies[f"{path} (routed)" if routed else path] = (
+                r.json() if r.headers.get("content-type") == "application/json" else r.text)
     gen = parse_generation(replies["/generate"])
     assert len(gen.output_ids) == SAMPLING["max_new_tokens"] and gen.weight_version == "7"
+    assert gen.routed_experts is None
+    routed = parse_generation(replies["/generate (routed)"])
+    rows = len(PROMPT) + len(routed.output_ids) - 1 - ROUTES_FROM       # positions [start, seqlen - 1)
+    assert routed.routed_experts is not None
+    assert routing.decode(routed.routed_experts, rows=rows).shape == (rows, 4)        # 2 layers x 2 experts
     for sglang in answers.values():
+        assert "routed_experts" in sglang["written"]["meta_info"], sglang["version"]
+        for reply in (replies["/generate"], replies["/generate (routed)"]):
+            assert set(reply) <= set(sglang["written"]["reply"]), sglang["version"]
+            assert set(reply["meta_info"]) <= set(sglang["written"]["meta_info"]), sglang["version"]
         reply = replies["/generate"]
-        assert set(reply) <= set(sglang["written"]["reply"]), sglang["version"]
-        assert set(reply["meta_info"]) <= set(sglang["written"]["meta_info"]), sglang["version"]
         finish = reply["meta_info"]["finish_reason"]
         assert finish.keys() == sglang["finish_reasons"][finish["type"]].keys()
         for path in ("/update_weights_from_disk", "/model_info"):

@@ -59,9 +59,9 @@ def config(tiny_model, prompts, **over):
     return load_train_config({**base, **over})
 
 
-def run_trainer(run_dir: Path, cfg) -> TrainerState:
+def run_trainer(run_dir: Path, cfg, **pool) -> TrainerState:
     run = RunLayout.open(run_dir) if (run_dir / "run.yaml").exists() else RunLayout.create(run_dir)
-    with FakePool(run_dir):
+    with FakePool(run_dir, **pool):
         return Trainer(run, cfg).train()
 
 
@@ -69,9 +69,11 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_trains_rollouts_checkpoints_and_resumes_exactly(tiny_model, prompts, tmp_path):
+def test_trains_rollouts_checkpoints_and_resumes_exactly(tiny_model, prompts, tmp_path, caplog):
     straight = tmp_path / "straight"
-    state = run_trainer(straight, config(tiny_model, prompts, num_rollouts=3, global_batch_size=3))
+    with caplog.at_level("WARNING", logger="agentrl.train"):     # rollout r sampled by the weights of version r
+        state = run_trainer(straight, config(tiny_model, prompts, num_rollouts=3, global_batch_size=3),
+                            version=lambda claim: claim.rollout_id)
     assert (state.iteration, state.optimizer_steps) == (3, 6)      # 6 attempts per rollout, 3 per step
     run = RunLayout.open(straight)
     assert run.latest_checkpoint() == 3
@@ -83,6 +85,13 @@ def test_trains_rollouts_checkpoints_and_resumes_exactly(tiny_model, prompts, tm
     assert [m["rollout"] for m in lines] == [0, 1, 2]
     assert all(m["attempts"] == 6 and m["samples"] == 9 and m["groups"] == 3 for m in lines)  # attempt 1 fans out
     assert len({m["fingerprint"] for m in lines}) == 3                  # the weights moved every rollout
+    # The stand-in pool's log-probs are random, far from the model's. Each rollout's first step measures it on
+    # the tokens its weights sampled (its first step's: 3 of the 6 attempts), and warns naming rollout and step;
+    # the second step does not (the policy has moved since those weights).
+    assert all(0 < m["train/mismatch_tokens"] < m["trained_tokens"] for m in lines)
+    assert all(m["train/mismatch_max"] >= m["train/mismatch_mean"] > 1.0 for m in lines)
+    warned = [rec.getMessage() for rec in caplog.records if "train.mismatch_warn" in rec.getMessage()]
+    assert [w.split(":")[0] for w in warned] == [f"rollout {r}, step 0 (optimizer step {2 * r + 1})" for r in range(3)]
 
     # The same run, killed after rollout 1 and resumed: the same prompts, the same weights.
     resumed = tmp_path / "resumed"
@@ -166,7 +175,7 @@ def test_two_ranks_as_slurm_tasks_train_one_model(slurm_env, tiny_model, prompts
                                              "num_rollouts": 2, "rollout_batch_size": 2, "n_samples_per_prompt": 2,
                                              "lr": 1e-3, "max_tokens_per_gpu": 128}}))
     run_dir = tmp_path / "run"
-    with FakePool(run_dir):
+    with FakePool(run_dir, version=lambda claim: claim.rollout_id):
         r = subprocess.run(["srun", "-p", "cpu", "-N2", "-n2", "--exact", "-c1", "--mem=1500", sys.executable, "-m",
                             "agentrl.cli", "train", str(run_dir), "--config", str(cfg)],
                            capture_output=True, text=True, timeout=600, cwd=ROOT, env=slurm_env)
@@ -175,8 +184,11 @@ def test_two_ranks_as_slurm_tasks_train_one_model(slurm_env, tiny_model, prompts
     assert ranks[0] == ranks[1] and ranks[0]["rollout"] == 1
     lines = metrics(run_dir)
     assert [m["rollout"] for m in lines] == [0, 1] and lines[-1]["fingerprint"] == ranks[0]["fingerprint"]
-    # Each rank trained its own micro-batches: the step's tokens are summed over both.
+    # Each rank trained its own micro-batches: the step's tokens are summed over both, and so is the count
+    # of tokens the sampler/trainer mismatch was measured on (every trained token, from both ranks).
     assert all(m["train/step_tokens"] >= m["train/step_samples"] for m in lines)
+    assert all(m["train/mismatch_tokens"] == m["trained_tokens"] > 0 for m in lines)
+    assert all(m["train/mismatch_max"] >= m["train/mismatch_mean"] > 0 for m in lines)
 
 
 def test_weights_reach_the_inference_server_before_the_next_rollout_opens(tiny_model, prompts, tmp_path):
@@ -251,7 +263,7 @@ def test_colocated_servers_release_memory_only_after_the_rollout_closes(tiny_mod
 def test_metrics_also_go_to_an_offline_wandb_run(tiny_model, prompts, tmp_path):
     require_module("wandb", "the offline W&B test", "pip install -e '.[wandb]'")
     run = RunLayout.create(tmp_path / "run")
-    with FakePool(run.root):
+    with FakePool(run.root, version=lambda claim: claim.rollout_id):
         Trainer(run, config(tiny_model, prompts, num_rollouts=2, tracking={"wandb": "offline"})).train()
     # The transaction log is whole on disk once W&B's service stops, which a trainer's process does at exit
     # (wandb's atexit): this test's process lives on, so stop it here (CI once read the log's header alone).
@@ -262,7 +274,7 @@ def test_metrics_also_go_to_an_offline_wandb_run(tiny_model, prompts, tmp_path):
     [data] = (run.root / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")   # `wandb sync` uploads it
     # W&B's transaction log is protobuf: the logged metrics' names and the run's config are in it verbatim.
     logged = data.read_bytes()
-    for key in (b"reward_mean", b"train/loss", b"pass@2", b"rollout_batch_size"):
+    for key in (b"reward_mean", b"train/loss", b"train/mismatch_mean", b"pass@2", b"rollout_batch_size"):
         assert key in logged, key
 
 

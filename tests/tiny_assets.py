@@ -29,3 +29,9 @@ def tiny_model_dir(tmp_root: Path) -> Path:
 def tiny_model(tmp_path_factory) -> Path:
     cache = os.environ.get("AGENTRL_TEST_CACHE")
     return tiny_model_dir(Path(cache) if cache else tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_model(tiny_model) -> Path:
+    """The tiny model's mixture-of-experts variant (Qwen3-MoE, 8 experts, 2 a token), beside it."""
+    return tiny.make_tiny_model(tiny_model.parent / f"{tiny_model.name}-moe8", experts=8)

@@ -19,14 +19,16 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from hpc.inference import routing
 from hpc.runlayout import RunLayout
 
+from ..sample import ROUTE_DTYPE
 from .parsers import THINK_END, ParsedOutput, parse_output
 from .render import incremental_problem
 from .session import Session, SessionStore, merge_sampling
 from .settings import AdapterSettings
 from .trajectory import Turn
-from .upstream import UpstreamError, UpstreamPool, registry_servers
+from .upstream import Generation, UpstreamError, UpstreamPool, registry_servers
 from .wire import Chat, WireError, new_tool_ids, reply_message
 
 
@@ -182,9 +184,10 @@ class Adapter:
         params = self.sampling_for(session, chat, len(ids))
         if session.upstream is None:
             session.upstream = self.pool.pick()
+        routes_from = session.tree.routes_start(ids) if self.config.return_routed_experts else None
         t1 = time.perf_counter()
         try:
-            gen = await self.pool.generate(session.upstream, ids, params)
+            gen = await self.pool.generate(session.upstream, ids, params, routes_from=routes_from)
         except UpstreamError:
             session.stats["upstream_errors"] += 1
             session.stats["upstream_unanswered"] += 1
@@ -207,7 +210,8 @@ class Adapter:
                                   reasoning_parser=self.config.reasoning_parser, tools=chat.tools)
             finish: Literal["stop", "length"] = "length" if gen.finish_reason == "length" else "stop"
             session.tree.add(Turn(ids, out, gen.logprobs, finish, parsed.ill_formed,
-                                  _version(gen.weight_version), meta={"t": time.time()}))
+                                  _version(gen.weight_version), meta={"t": time.time()},
+                                  **_routes(gen, routes_from, len(ids))))
             session.stats["ill_formed_turns"] += parsed.ill_formed
             session.stats["length_stops"] += finish == "length"
             call_ids = new_tool_ids(parsed, chat.call_id_prefix)
@@ -271,3 +275,16 @@ def _version(v: str | None) -> int | None:
         return int(v) if v is not None else None
     except ValueError:
         return None
+
+
+def _routes(gen: Generation, routes_from: int | None, prompt_length: int) -> dict[str, Any]:
+    """The Turn's routes from the reply: none when not asked for, or not sent (a server that cannot: those
+    positions keep the trainer's own routes, Sample.routed_experts' NO_ROUTE)."""
+    if routes_from is None or gen.routed_experts is None:
+        return {}
+    rows = prompt_length + max(len(gen.output_ids), 1) - 1 - routes_from
+    try:
+        routes = routing.decode(gen.routed_experts, rows=rows).astype(ROUTE_DTYPE)
+    except routing.RoutingError as e:
+        raise UpstreamError(f"the model server's routed_experts: {e}") from None
+    return {"routes": routes, "routes_start": routes_from}

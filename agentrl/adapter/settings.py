@@ -32,6 +32,9 @@ class AdapterSettings(BaseModel):
     # While a streamed turn waits for the model, the protocol's keepalive goes out this often (app.py, sse.py), so
     # that a client's read or idle timeout (300 s for Codex, docs/adapter.md) never runs out during a long turn.
     keepalive_s: float = Field(default=5.0, ge=0.01, le=60)
+    # An MoE model's routing replay (train.routing_replay): ask the model server for each fed token's experts
+    # (SGLang's return_routed_experts; its servers need enable_return_routed_experts) and keep them per token.
+    return_routed_experts: bool = False
 
     @model_validator(mode="after")
     def _known_parsers(self) -> AdapterSettings:

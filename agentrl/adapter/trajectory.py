@@ -32,7 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from ..sample import UNKNOWN_VERSION, AttemptMetadata, Sample, SampleMetadata
+from hpc.inference.routing import NO_ROUTE
+
+from ..sample import ROUTE_DTYPE, UNKNOWN_VERSION, AttemptMetadata, Sample, SampleMetadata
 
 _ITEM = np.dtype(np.int32).itemsize
 
@@ -59,6 +61,10 @@ class Turn:
     ill_formed: bool = False
     weight_version: int | None = None
     meta: Mapping = field(default_factory=dict)
+    # An MoE's routes (SGLang's return_routed_experts): [rows, layers x top_k] for the positions
+    # [routes_start, len(prompt) + len(output) - 1), every token the server fed; None: not asked for.
+    routes: np.ndarray | None = None
+    routes_start: int = 0
 
     def __post_init__(self):
         output = _frozen(self.output_ids, np.int32)
@@ -68,6 +74,10 @@ class Turn:
             raise ValueError("empty prompt")    # it would be a prefix of every later prompt
         if len(logprobs) != len(output):
             raise ValueError(f"{len(output)} output ids but {len(logprobs)} logprobs")
+        if self.routes is not None:
+            fed = len(prompt) + max(len(output), 1) - 1
+            if self.routes.ndim != 2 or len(self.routes) != fed - self.routes_start:
+                raise ValueError(f"routes of shape {self.routes.shape} for positions [{self.routes_start}, {fed})")
         object.__setattr__(self, "prompt_ids", prompt)
         object.__setattr__(self, "output_ids", output)
         object.__setattr__(self, "output_logprobs", logprobs)
@@ -117,6 +127,7 @@ class Chain:
     ill_formed_turns: int
     metas: tuple[Mapping, ...]                   # the chain's turns', root first
     spans: tuple[TurnSpan, ...] = ()             # the chain's turns, root first: where each is in the response
+    routed_experts: np.ndarray | None = None     # per token, an MoE's routes (Sample.routed_experts); not in to_json
 
     @property
     def response_length(self) -> int:
@@ -146,7 +157,8 @@ class Chain:
                       loss_mask=np.asarray(self.loss_mask, np.uint8),
                       rollout_log_probs=np.asarray(self.rollout_log_probs, np.float32),
                       token_versions=np.asarray(self.token_versions, np.int32), reward=reward,
-                      status="completed", group_index=group_index, attempt=attempt, metadata=recorded)
+                      status="completed", group_index=group_index, attempt=attempt, metadata=recorded,
+                      routed_experts=self.routed_experts)
 
 
 @dataclass(eq=False, slots=True)
@@ -165,6 +177,8 @@ class _Node:
     weight_version: int | None
     meta: Mapping
     drift: Drift
+    routes: np.ndarray | None
+    routes_start: int
     children: list[_Node] = field(default_factory=list)
 
     @property
@@ -227,7 +241,8 @@ class TrajectoryTree:
         # Not the turn itself: that would keep its whole prompt alive, where the tail suffices.
         node = _Node(len(self._nodes), parent, start, haystack[start * _ITEM:], len(prompt_ids),
                      output_ids, _frozen(turn.output_logprobs, np.float64), len(output_ids), output_ids.tobytes(),
-                     turn.finish_reason, turn.ill_formed, turn.weight_version, turn.meta, drift)
+                     turn.finish_reason, turn.ill_formed, turn.weight_version, turn.meta, drift, turn.routes,
+                     turn.routes_start)
         if parent is None:
             self._roots.append(node)
         else:
@@ -237,6 +252,14 @@ class TrajectoryTree:
         self._last_prompt = haystack
         self._counts[drift] += 1
         return drift
+
+    def routes_start(self, prompt_ids: Sequence[int]) -> int:
+        """From which position a turn with this prompt needs its routes (SGLang's routed_experts_start_len):
+        the turn it will mount under holds those of every position before its held sequence's last
+        token (that token was never fed to the server: its route comes with the next turn)."""
+        prompt = _frozen(prompt_ids, np.int32)
+        parent, _ = self._mount_point(prompt, prompt.tobytes())
+        return 0 if parent is None else min(parent.held_length - 1, len(prompt))
 
     def _mount_point(self, prompt: np.ndarray, haystack: bytes) -> tuple[_Node | None, int]:
         """The node to mount under and how many of its output tokens stay trained.
@@ -310,6 +333,15 @@ def _sample(chain: list[_Node], own: list[_Node]) -> Chain:
         logprobs[trained] = node.output_logprobs[:node.kept]
     start = chain[0].prompt_length
     owned = {node.index for node in own}
+    routes = None
+    if widths := {node.routes.shape[1] for node in chain if node.routes is not None}:
+        if len(widths) > 1:
+            raise ValueError(f"a chain's turns carry routes of different widths {sorted(widths)}")
+        routes = np.full((len(tokens), widths.pop()), NO_ROUTE, ROUTE_DTYPE)
+        for node in chain:        # root first: a child's rows replace the overlap (the same tokens, fed again)
+            if node.routes is not None:
+                end = min(node.routes_start + len(node.routes), node.held_length)
+                routes[node.routes_start:end] = node.routes[:end - node.routes_start]
     trained_versions = [node.weight_version for node in own if node.weight_version is not None]
     return Chain(
         tokens=tokens.tolist(),
@@ -325,4 +357,5 @@ def _sample(chain: list[_Node], own: list[_Node]) -> Chain:
         metas=tuple(node.meta for node in chain),
         spans=tuple(TurnSpan(node.prompt_length - start, len(node.output_ids), node.kept, node.drift.value,
                              node.index in owned, node.weight_version) for node in chain),
+        routed_experts=routes,
     )

@@ -38,12 +38,18 @@ class Generation:
     finish_reason: str            # "stop" | "length" | "abort"
     matched_stop: int | None      # the stop token id that ended it, if any
     weight_version: str | None
+    routed_experts: str | None = None    # an MoE's routes, SGLang's wire form (hpc.inference.routing.decode)
 
 
-def sglang_payload(input_ids: Sequence[int], sampling: dict[str, Any]) -> dict[str, Any]:
+def sglang_payload(input_ids: Sequence[int], sampling: dict[str, Any], *,
+                   routes_from: int | None = None) -> dict[str, Any]:
+    """The /generate body; with `routes_from`, the routed experts of positions [routes_from, seqlen - 1) too."""
     ids = input_ids if isinstance(input_ids, np.ndarray) else list(input_ids)
-    return {"input_ids": ids, "sampling_params": sampling, "return_logprob": True,
+    body = {"input_ids": ids, "sampling_params": sampling, "return_logprob": True,
             "logprob_start_len": -1, "stream": False}
+    if routes_from is not None:
+        body.update(return_routed_experts=True, routed_experts_start_len=routes_from)
+    return body
 
 
 def parse_generation(reply: Any) -> Generation:
@@ -60,9 +66,12 @@ def parse_generation(reply: Any) -> Generation:
         kind = fin.get("type", "stop") if isinstance(fin, dict) else str(fin)
         matched = fin.get("matched") if isinstance(fin, dict) and isinstance(fin.get("matched"), int) else None
         version = meta.get("weight_version")
+        routes = meta.get("routed_experts")
+        if routes is not None and not isinstance(routes, str):
+            raise TypeError(f"meta_info.routed_experts is a {type(routes).__name__}, not base64")
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise UpstreamError(f"the model server's reply is not SGLang's /generate shape: {e!r}") from None
-    return Generation(ids, logprobs, kind, matched, None if version is None else str(version))
+    return Generation(ids, logprobs, kind, matched, None if version is None else str(version), routes)
 
 
 def registry_servers(registry: Registry, *, role: str = "inference", ttl_s: float = 30.0,
@@ -104,11 +113,13 @@ class UpstreamPool:
             raise UpstreamError("no model server is live (none registered, or every heartbeat is stale)")
         return live[next(self._turn) % len(live)]
 
-    async def generate(self, url: str, input_ids: Sequence[int], sampling: dict[str, Any]) -> Generation:
+    async def generate(self, url: str, input_ids: Sequence[int], sampling: dict[str, Any], *,
+                       routes_from: int | None = None) -> Generation:
         t0 = time.monotonic()
         try:
             # orjson writes a 96k-token prompt in well under a millisecond; json.dumps takes ~8 ms.
-            body = orjson.dumps(sglang_payload(input_ids, sampling), option=orjson.OPT_SERIALIZE_NUMPY)
+            body = orjson.dumps(sglang_payload(input_ids, sampling, routes_from=routes_from),
+                                option=orjson.OPT_SERIALIZE_NUMPY)
             r = await self._client.post(f"{url}/generate", content=body,
                                         headers={"content-type": "application/json"})
         except httpx.HTTPError as e:

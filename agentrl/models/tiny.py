@@ -99,35 +99,50 @@ def make_tokenizer(out_dir: Path, *, vocab_size: int = 4000) -> None:
 DEFAULT_SHAPE = {"hidden_size": 64, "layers": 2}
 
 
-def make_model(out_dir: Path, *, seed: int = 0, hidden_size: int = 64, layers: int = 2) -> None:
-    """Write random Qwen2 weights and config.json beside the tokenizer that out_dir already holds.
+def make_model(out_dir: Path, *, seed: int = 0, hidden_size: int = 64, layers: int = 2, experts: int = 0,
+               experts_per_token: int = 2) -> None:
+    """Write random weights and config.json beside the tokenizer that out_dir already holds: Qwen2, or with
+    `experts` Qwen3-MoE (every layer's MLP a mixture of that many experts, each as wide as the model, of
+    which each token takes `experts_per_token`).
 
-    Heads are 16 wide, two query heads share a key-value head, and the MLP is twice the width."""
+    Heads are 16 wide, two query heads share a key-value head, and the dense MLP is twice the width."""
     import torch
     from tokenizers import Tokenizer
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     tokenizer = Tokenizer.from_file(str(Path(out_dir) / "tokenizer.json"))
-    config = Qwen2Config(
+    common: dict[str, Any] = dict(
         vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
         hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=layers,
         num_attention_heads=hidden_size // 16, num_key_value_heads=max(1, hidden_size // 32),
         max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=True,
         bos_token_id=None, eos_token_id=tokenizer.token_to_id(EOS_TOKEN), pad_token_id=tokenizer.token_to_id(PAD_TOKEN),
     )
+    if experts:       # written out: SGLang reads it from config.json (this transformers derives it)
+        common["head_dim"] = 16
     with torch.random.fork_rng(devices=[]):  # seed the weights without reseeding the caller's generator
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
+        if experts:
+            model: Any = Qwen3MoeForCausalLM(Qwen3MoeConfig(
+                **common, num_experts=experts, num_experts_per_tok=experts_per_token,
+                moe_intermediate_size=hidden_size, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[]))
+        else:
+            model = Qwen2ForCausalLM(Qwen2Config(**common))
     model.save_pretrained(str(out_dir), safe_serialization=True)
 
 
 def make_tiny_model(out_dir: Path, *, vocab_size: int = 4000, seed: int = 0, weights: bool = True,
-                    hidden_size: int = 64, layers: int = 2) -> Path:
-    """Build the tiny model into out_dir atomically; a no-op when out_dir already holds the same one."""
+                    hidden_size: int = 64, layers: int = 2, experts: int = 0, experts_per_token: int = 2) -> Path:
+    """Build the tiny model into out_dir atomically; a no-op when out_dir already holds the same one.
+    `experts` > 0: the mixture-of-experts variant (make_model)."""
     out_dir = Path(out_dir)
     if hidden_size < 16 or hidden_size % 32 or layers < 1:
         raise ValueError(f"hidden_size must be a multiple of 32 and layers at least 1, got {hidden_size} and {layers}")
-    shape = {"hidden_size": hidden_size, "layers": layers}
+    if experts and not 1 <= experts_per_token < experts:
+        raise ValueError(f"experts_per_token must be at least 1 and below experts ({experts}), got {experts_per_token}")
+    shape: dict[str, int] = {"hidden_size": hidden_size, "layers": layers}
+    if experts:
+        shape.update(experts=experts, experts_per_token=experts_per_token)
     # The default shape stays out of the marker, so models built before the shape was an option still match.
     params = _params(vocab_size=vocab_size, seed=seed, weights=weights,
                      **({} if shape == DEFAULT_SHAPE else shape))

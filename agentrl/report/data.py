@@ -27,7 +27,8 @@ LATEST_KEYS = (
     "metric_input_errors", "attempts", "samples", "response_tokens", "trained_tokens", "attempts_per_hour",
     "trained_tokens_per_s", "time/boot_s_mean", "time/agent_s_mean", "time/grade_s_mean", "rollout_s",
     "wait_s", "train_s", "checkpoint_s", "publish_s", "train/loss", "train/clipfrac", "train/approx_kl",
-    "train/grad_norm", "weight_version", "staleness/mean", "staleness/max", "staleness/masked_tokens",
+    "train/grad_norm", "train/mismatch_mean", "train/mismatch_max", "weight_version", "staleness/mean",
+    "staleness/max", "staleness/masked_tokens",
 )
 _PASS_KEY = re.compile(r"^pass@(\d+)$")
 _EVAL_DIR = re.compile(r"^iter_(0|[1-9][0-9]*)$")   # as RunLayout.eval_dir names them
@@ -187,6 +188,12 @@ def training_plots(records: list[dict[str, Any]]) -> list[Plot]:
               Panel("clipfrac / approx KL", collect(records, ["train/clipfrac", "train/approx_kl"])),
               Panel("grad norm", collect(records, ["train/grad_norm"]))],
              missing("train/* metrics")),
+        # agentrl/train/mismatch.py: what the trainer's log-probs say of the sampled tokens against the sampler's
+        plot("mismatch", "Sampler and trainer",
+             [Panel("|log p_train - log p_rollout|", collect(records, ["train/mismatch_mean", "train/mismatch_max"])),
+              Panel("k3 KL(rollout || train)", collect(records, ["train/mismatch_k3"])),
+              Panel("share of tokens off by over 0.5 (mismatch.OVER)", collect(records, ["train/mismatch_over"]))],
+             missing("train/mismatch_* metrics (a run before they were recorded)")),
     ]
 
 

@@ -35,6 +35,9 @@ class StepPlan:
     attempt_token_counts: np.ndarray       # per step attempt: its trained tokens in the whole step
     samples: int
     tokens: int                            # the step's tokens, all ranks
+    # The weight version whose tokens measure the sampler/trainer mismatch (agentrl/train/mismatch.py): the
+    # policy's own, on the first step of a rollout (the loop sets it); None: the policy has moved since.
+    mismatch_version: int | None = None
 
 
 def rollout_batch(groups: Mapping[int, Sequence[Sample]], *, std_normalize: bool = True) -> RolloutBatch:

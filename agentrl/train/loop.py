@@ -19,7 +19,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from ..prompts.groups import RolloutGroups, open_rollout, rollout_payload
 from ..prompts.source import PromptSource, load_prompt_rows
 from ..report.data import parse_metrics
 from ..sample import SAMPLE_CODEC
+from . import mismatch
 from .batch import plan_steps, rollout_batch, shuffle_rewards
 from .checkpoint import TrainerState, apply_retention, load_latest, save_checkpoint
 from .config import TrainConfig
@@ -212,13 +213,17 @@ class Trainer:
         t1 = self.clock()
         step_metrics = []
         if batch.samples:
-            for plan in plan_steps(batch, global_batch_size=cfg.global_batch_size,
-                                   max_tokens_per_gpu=cfg.max_tokens_per_gpu, dp_size=policy.dp_size,
-                                   rank=policy.dp_rank):
+            for k, plan in enumerate(plan_steps(batch, global_batch_size=cfg.global_batch_size,
+                                                max_tokens_per_gpu=cfg.max_tokens_per_gpu, dp_size=policy.dp_size,
+                                                rank=policy.dp_rank)):
+                # Until its first step the policy holds the weights of version r: the sampler's, for the
+                # tokens the servers sampled with them (mismatch.py); after it, the policy has moved.
+                plan = replace(plan, mismatch_version=r if k == 0 else None)
                 step_metrics.append(policy.train_step(batch, plan))
                 liveness.beat(self.liveness_file)
-            metrics.update({f"train/{k}": sum(m[k] for m in step_metrics) / len(step_metrics)
-                            for k in step_metrics[0]})
+                if self.rank == 0 and (problem := mismatch.warning(step_metrics[-1], cfg.mismatch_warn)):
+                    log.warning("rollout %d, step %d (optimizer step %d): %s", r, k, policy.steps, problem)
+            metrics.update({f"train/{k}": v for k, v in mismatch.rollout_metrics(step_metrics).items()})
         else:
             log.warning("rollout %d: every sample lags more than max_staleness behind the policy; no step", r)
         metrics["train_s"] = round(self.clock() - t1, 3)

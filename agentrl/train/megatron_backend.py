@@ -27,7 +27,7 @@ from torch import Tensor
 from .batch import RolloutBatch, StepPlan
 from .config import MegatronOptions, TrainConfig
 from .megatron_convert import HFWeights, hf_to_megatron, megatron_to_hf, rope_parameters, transformer_config_kwargs
-from .step import grpo_micro_batches
+from .step import grpo_micro_batches, reduce_over_ranks
 from .tensors import padded_tokens, response_slices
 from .torch_backend import TOKENIZER_FILES
 
@@ -145,19 +145,11 @@ class MegatronPolicy:
             policy=self.model, behaviour=self.model, ref=self.ref)
         grad_norm = self.optimizer.step()
         self.steps += 1
-        return {**self._sum_over_data_parallel(totals), "grad_norm": grad_norm, "step_samples": plan.samples,
-                "step_tokens": plan.tokens}
-
-    def _sum_over_data_parallel(self, totals: dict[str, float]) -> dict[str, float]:
-        # Tensor-parallel ranks compute the same loss on the same samples: summing over them would count it twice.
         from megatron.core import parallel_state as mpu
 
-        if self.dp_size == 1 or not totals:
-            return totals
-        names = sorted(totals)
-        t = torch.tensor([totals[n] for n in names], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, group=mpu.get_data_parallel_group())
-        return dict(zip(names, t.tolist(), strict=True))
+        # Over the data-parallel group only: tensor-parallel ranks compute the same loss on the same samples.
+        reduced = reduce_over_ranks(totals, device=self.device, group=mpu.get_data_parallel_group())
+        return {**reduced, "grad_norm": grad_norm, "step_samples": plan.samples, "step_tokens": plan.tokens}
 
     # ------------------------------------------------------------ state
 

@@ -6,6 +6,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from hpc.inference.routing import NO_ROUTE
+
 from .batch import RolloutBatch, StepPlan
 
 
@@ -16,6 +18,23 @@ def padded_tokens(batch: RolloutBatch, indices: list[int]) -> Tensor:
     for row, s in enumerate(samples):
         ids[row, :len(s.tokens)] = torch.from_numpy(s.tokens.astype(np.int64))
     return ids
+
+
+def padded_routes(batch: RolloutBatch, indices: list[int]) -> Tensor | None:
+    """The micro-batch's recorded MoE routes over the forward's flattened [samples x longest] positions
+    (NO_ROUTE in padding and where a sample has none), or None when no sample of it has any."""
+    samples = [batch.samples[i] for i in indices]
+    widths = {s.routed_experts.shape[1] for s in samples if s.routed_experts is not None}
+    if not widths:
+        return None
+    if len(widths) > 1:
+        raise ValueError(f"the micro-batch's samples carry routes of different widths {sorted(widths)}")
+    longest = max(len(s.tokens) for s in samples)
+    routes = torch.full((len(samples), longest, widths.pop()), NO_ROUTE, dtype=torch.long)
+    for row, s in enumerate(samples):
+        if s.routed_experts is not None:
+            routes[row, :len(s.tokens)] = torch.from_numpy(s.routed_experts.astype(np.int64))
+    return routes.flatten(0, 1)
 
 
 def response_slices(per_position: Tensor, batch: RolloutBatch, indices: list[int], first: int = 0) -> Tensor:
@@ -43,6 +62,7 @@ def token_inputs(batch: RolloutBatch, plan: StepPlan, indices: list[int]) -> dic
                                                        for i, s in zip(indices, samples, strict=True)])),
         "loss_mask": torch.from_numpy(np.concatenate([s.loss_mask.astype(np.float32) for s in samples])),
         "rollout": torch.from_numpy(np.concatenate([s.rollout_log_probs.astype(np.float32) for s in samples])),
+        "versions": torch.from_numpy(np.concatenate([s.token_versions.astype(np.int64) for s in samples])),
         "attempt": torch.from_numpy(np.concatenate([np.full(s.response_length, plan.attempt_index[batch.attempt[i]],
                                                             np.int64) for i, s in zip(indices, samples, strict=True)])),
     }

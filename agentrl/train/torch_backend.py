@@ -16,10 +16,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from hpc.inference import routing
+
 from .batch import RolloutBatch, StepPlan
 from .config import SFTConfig, TrainConfig
-from .step import grpo_micro_batches
-from .tensors import first_predictor, padded_tokens, response_slices
+from .step import grpo_micro_batches, reduce_over_ranks
+from .tensors import first_predictor, padded_routes, padded_tokens, response_slices
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "generation_config.json")
@@ -73,8 +75,11 @@ class TorchPolicy:
         # Logits (and their log-softmax over the vocabulary, forward and backward) from the first response
         # token's predictor on: an agent's prompt is most of its tokens (benchmarks/train_bench.py (b)).
         first = first_predictor(batch, indices)
-        logits = model(input_ids=ids, attention_mask=mask.long().to(self.device),
-                       logits_to_keep=ids.shape[1] - first).logits[:, :-1].float()
+        routes = padded_routes(batch, indices) if self.cfg.routing_replay else None
+        # Routing replay: an MoE's routers send each token to the experts the sampler did (hpc.inference.routing)
+        with nullcontext() if routes is None else routing.replay(model, routes.to(self.device)):
+            logits = model(input_ids=ids, attention_mask=mask.long().to(self.device),
+                           logits_to_keep=ids.shape[1] - first).logits[:, :-1].float()
         logp = torch.log_softmax(logits / self.cfg.rollout_temperature, dim=-1)
         logp = logp.gather(-1, ids[:, first + 1:, None]).squeeze(-1)
         return response_slices(logp, batch, indices, first)
@@ -94,8 +99,8 @@ class TorchPolicy:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), cfg.grad_clip)
         self.optimizer.step()
         self.steps += 1
-        summed = self._sum_over_ranks(totals)
-        return {**summed, "grad_norm": float(grad_norm), "step_samples": plan.samples, "step_tokens": plan.tokens}
+        return {**reduce_over_ranks(totals, device=self.device), "grad_norm": float(grad_norm),
+                "step_samples": plan.samples, "step_tokens": plan.tokens}
 
     def sft_step(self, batch: RolloutBatch, indices: list[int]) -> dict[str, float]:
         """One optimizer step of cross-entropy on the trained tokens of `indices` (their token mean):
@@ -112,14 +117,6 @@ class TorchPolicy:
         self.steps += 1
         return {"loss": float(loss.detach()), "grad_norm": float(grad_norm), "tokens": float(tokens),
                 "samples": len(indices)}
-
-    def _sum_over_ranks(self, totals: dict[str, float]) -> dict[str, float]:
-        if self.world_size == 1 or not totals:
-            return totals
-        names = sorted(totals)
-        t = torch.tensor([totals[n] for n in names], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
-        return dict(zip(names, t.tolist(), strict=True))
 
     # ------------------------------------------------------------ state
 

@@ -26,6 +26,10 @@ managers/tokenizer_manager.py):
   none is left in flight, so a /flush_cache after it succeeds. "in_place" and
   "retract" hold them between two tokens; after new weights both recompute the prefix (SGLang's
   in_place would keep the old KV cache).
+- `return_routed_experts` (with --enable-return-routed-experts, for an MoE model) and
+  `routed_experts_start_len`: meta_info.routed_experts, hpc.inference.routing's wire form. Asked of a
+  server started without the flag, the stand-in refuses (400).
+- --dtype bfloat16 serves the weights in bfloat16 (SGLang's usual dtype) against a float32 trainer.
 Not mirrored: text prompts, batches, streaming, stop strings, penalties, grammars, top and input logprobs.
 """
 
@@ -42,15 +46,17 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from .. import liveness
+from . import routing
 
 if TYPE_CHECKING:
     from ..registry import Registry, ServiceRecord
@@ -67,6 +73,7 @@ from .generation import (
 )
 
 PAUSE_MODES = ("abort", "in_place", "retract")
+DTYPES = ("float32", "bfloat16")
 FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. "
            "(When there are running or waiting requests, the operation will not be performed.)\n")
 
@@ -125,14 +132,15 @@ class Engine:
     """The model, its tokenizer and weight version; one request generates at a time (`generate`)."""
 
     def __init__(self, model_dir: Path | str, *, weight_version: str = "default", random_seed: int = 0,
-                 original_logprob: bool | None = None, device: str = "cpu"):
+                 original_logprob: bool | None = None, device: str = "cpu", dtype: str = "float32",
+                 return_routed_experts: bool = False):
         from transformers import AutoTokenizer
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
         # The forward pass runs on `device` ("cuda" on a GPU node); sampling stays on the CPU, with the
         # same generator and seeds, so a GPU changes the logits' last bits and nothing else.
-        self.device = device
+        self.device, self.dtype = device, dtype
         self.model_path = self.tokenizer_path = str(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         self.model = self._load(self.model_path)
@@ -145,6 +153,12 @@ class Engine:
         if original_logprob is None:   # read as SGLang reads it (get_bool_env_var)
             original_logprob = os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "false").lower() in ("true", "1")
         self.original_logprob = original_logprob
+        # SGLang's --enable-return-routed-experts: a request may then ask for its tokens' experts
+        self.moe = routing.moe_shape(config)
+        if return_routed_experts and self.moe is None:
+            raise ValueError(f"return_routed_experts: the model at {model_dir} has no MoE layer whose experts "
+                             "could be returned; leave it off for a dense model")
+        self.return_routed_experts = return_routed_experts
         self.gate = Gate()
         self._model_lock = threading.Lock()    # held for one forward step, and to swap weights
         self._weights_serial = 0
@@ -153,16 +167,24 @@ class Engine:
         import torch
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        # bfloat16 is SGLang's usual serving dtype against a float32 trainer: a real source of mismatch
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, self.dtype))
         # transformers wraps `to` with functools.wraps(Module.to): typeshed's _Wrapped takes the device for self
         return model.to(self.device).eval()  # type: ignore[arg-type]
+
+    def check(self, request: GenerateRequest) -> None:
+        """What the parser cannot know: whether this server can answer the request (RequestError if not)."""
+        if request.return_routed_experts and not self.return_routed_experts:
+            raise RequestError("return_routed_experts: the server was started without --enable-return-routed-experts")
 
     def generate(self, request: GenerateRequest, ticket: int) -> dict[str, Any]:
         import torch
 
         sampling = request.sampling
+        self.check(request)
         output_ids: list[int] = []
         logprobs: list[float] = []
+        routes: list = []       # per position fed, its [layers, top_k] experts (with return_routed_experts)
         generator = None if sampling.greedy else torch.Generator().manual_seed(
             request_seed(request, self.random_seed, self._fallback))
         cache, cache_serial = None, -1
@@ -176,7 +198,10 @@ class Engine:
                     cache, cache_serial = None, self._weights_serial
                 done = cache.get_seq_length() if cache is not None else 0
                 feed = torch.tensor([[*request.input_ids, *output_ids][done:]], device=self.device)
-                out = self.model(input_ids=feed, cache=cache, use_cache=True)
+                with routing.capture(self.model) if request.return_routed_experts else nullcontext() as calls:
+                    out = self.model(input_ids=feed, cache=cache, use_cache=True)
+                if calls is not None:       # a recomputed prefix replaces its positions' routes
+                    routes[done:] = list(routing.captured(calls))
                 cache = out.cache
             token, logprob = choose_token(out.logits[0, -1].cpu(), sampling, generator,
                                           original_logprob=self.original_logprob)
@@ -186,7 +211,14 @@ class Engine:
         # transformers types decode's result str | list[str] for every input: one id list decodes to a str
         text = cast(str, self.tokenizer.decode(text_ids(output_ids, finish, sampling),
                                                skip_special_tokens=sampling.skip_special_tokens))
-        return generate_reply(request, output_ids, logprobs, finish, text=text, weight_version=self.weight_version)
+        experts = None
+        if request.return_routed_experts:    # positions [start, seqlen - 1): the last output token was never fed
+            assert self.moe is not None
+            fed = len(request.input_ids) + len(output_ids) - 1
+            rows = routes[request.routed_experts_start_len:fed]
+            experts = routing.encode(np.stack(rows) if rows else np.zeros((0, *self.moe[:2]), np.int32))
+        return generate_reply(request, output_ids, logprobs, finish, text=text, weight_version=self.weight_version,
+                              routed_experts=experts)
 
     def load_weights(self, model_path: str, weight_version: str | None) -> tuple[bool, str]:
         """Swap in the weights at model_path if they fit this model; between two tokens of any request."""
@@ -267,6 +299,7 @@ def create_app(engine: Engine) -> FastAPI:
         try:
             parsed = parse_generate(await json_body(request), vocab_size=engine.vocab_size,
                                     context_len=engine.context_len)
+            engine.check(parsed)
         except RequestError as e:
             return error(400, str(e))
         async with admission:
@@ -392,6 +425,8 @@ class ServeOptions:
     liveness_file: Path | None = None    # touched at each heartbeat (hpc.liveness)
     device: str = "cpu"
     threads: int = SERVER_THREADS        # torch's intra-op threads while it serves
+    dtype: str = "float32"               # or bfloat16
+    enable_return_routed_experts: bool = False
 
 
 async def serve(engine: Engine, args: ServeOptions) -> None:
@@ -465,6 +500,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu", help="where the forward pass runs: cpu (default), cuda, cuda:N")
     ap.add_argument("--threads", type=int, default=SERVER_THREADS,
                     help=f"torch's intra-op threads (default {SERVER_THREADS})")
+    ap.add_argument("--dtype", default="float32", choices=DTYPES, help="the served weights' dtype (default float32)")
+    ap.add_argument("--enable-return-routed-experts", action="store_true",
+                    help="an MoE model: requests may ask for each token's experts (return_routed_experts)")
     args = ap.parse_args(argv)
     _check_device(ap, args.device)
     if args.threads < 1:
@@ -474,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(opts: ServeOptions) -> int:
     """Serve `opts.model` until SIGTERM or SIGINT; 0."""
-    engine = Engine(opts.model, weight_version=opts.weight_version, random_seed=opts.random_seed, device=opts.device)
+    engine = Engine(opts.model, weight_version=opts.weight_version, random_seed=opts.random_seed, device=opts.device,
+                    dtype=opts.dtype, return_routed_experts=opts.enable_return_routed_experts)
     # uvicorn re-raises the signal that stopped it once it is done; by then there is nothing left to do.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)

@@ -67,6 +67,8 @@ class GenerateRequest:
     sampling: Sampling
     return_logprob: bool
     rid: str | None
+    return_routed_experts: bool = False
+    routed_experts_start_len: int = 0      # the first position whose experts the reply carries
 
 
 def parse_sampling(raw: Any) -> Sampling:
@@ -122,7 +124,11 @@ def parse_generate(body: Any, *, vocab_size: int, context_len: int) -> GenerateR
     rid = body.get("rid")
     if rid is not None and not isinstance(rid, str):
         raise RequestError("rid must be a string")
-    return GenerateRequest(tuple(ids), sampling, bool(body.get("return_logprob")), rid)
+    start = body.get("routed_experts_start_len", 0)
+    if not isinstance(start, int) or isinstance(start, bool) or not 0 <= start <= len(ids):
+        raise RequestError(f"routed_experts_start_len must be in [0, {len(ids)}] (the prompt's tokens), got {start!r}")
+    return GenerateRequest(tuple(ids), sampling, bool(body.get("return_logprob")), rid,
+                           bool(body.get("return_routed_experts")), start)
 
 
 def choose_token(logits, sampling: Sampling, generator, *, original_logprob: bool = False) -> tuple[int, float]:
@@ -176,9 +182,14 @@ def request_seed(request: GenerateRequest, server_seed: int, fallback: random.Ra
 
 
 def generate_reply(request: GenerateRequest, output_ids: list[int], logprobs: list[float], finish: dict[str, Any],
-                   *, text: str, weight_version: str) -> dict[str, Any]:
-    meta = {"id": request.rid or uuid.uuid4().hex, "finish_reason": finish, "prompt_tokens": len(request.input_ids),
-            "completion_tokens": len(output_ids), "cached_tokens": 0, "weight_version": weight_version}
+                   *, text: str, weight_version: str, routed_experts: str | None = None) -> dict[str, Any]:
+    """The reply's body; `routed_experts` (hpc.inference.routing.encode of positions [start, seqlen - 1))
+    where the request asked for them."""
+    meta: dict[str, Any] = {"id": request.rid or uuid.uuid4().hex, "finish_reason": finish,
+                            "prompt_tokens": len(request.input_ids), "completion_tokens": len(output_ids),
+                            "cached_tokens": 0, "weight_version": weight_version}
     if request.return_logprob:
         meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(logprobs, output_ids, strict=True)]
+    if routed_experts is not None:
+        meta["routed_experts"] = routed_experts
     return {"text": text, "output_ids": output_ids, "meta_info": meta}

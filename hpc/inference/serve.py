@@ -54,6 +54,8 @@ class CpuServe(BaseModel):
     weight_version: str = "default"
     heartbeat_s: float = Field(default=5.0, gt=0)
     threads: int = Field(default=SERVER_THREADS, ge=1)     # torch's intra-op threads while it serves
+    dtype: Literal["float32", "bfloat16"] = "float32"     # the served weights' (the trainer's are float32)
+    enable_return_routed_experts: bool = False            # an MoE model: routes for routing replay
 
 
 class SGLangServe(SGLangConfig):
@@ -105,7 +107,8 @@ def cpu_server_options(cfg: CpuServe, run_root: Path, index: int,
     """How hpc.inference.cpu_server serves task `index`: registered in the run, heartbeating itself."""
     return cpu_server.ServeOptions(model=cfg.model, host=cfg.host, port=cfg.port + index,
                                    weight_version=cfg.weight_version, register=run_root, index=index,
-                                   heartbeat_s=cfg.heartbeat_s, liveness_file=liveness_file, threads=cfg.threads)
+                                   heartbeat_s=cfg.heartbeat_s, liveness_file=liveness_file, threads=cfg.threads,
+                                   dtype=cfg.dtype, enable_return_routed_experts=cfg.enable_return_routed_experts)
 
 
 def run_sglang(cfg: SGLangServe, run_root: Path, index: int, liveness_file: Path | None = None) -> int:

@@ -74,6 +74,7 @@ class SGLangOptions(BaseModel):
     context_length: int | None = Field(default=None, ge=1)
     skip_server_warmup: bool = False
     enable_memory_saver: bool = False       # colocated training: /release_memory_occupation needs it
+    enable_return_routed_experts: bool = False   # an MoE model: each token's experts, for train.routing_replay
     python: str = "python3"                  # the interpreter of SGLang's environment (inside `container`, if any)
     container: Path | None = None            # an Apptainer image holding SGLang: `apptainer exec --nv IMAGE python`
     binds: list[str] = []                    # `apptainer exec --bind` specs: the model and run directories
@@ -121,7 +122,8 @@ def launch_command(cfg: SGLangConfig) -> list[str]:
     for flag, value in optional.items():
         if value is not None:
             args += [flag, str(value)]
-    switches = {"--skip-server-warmup": cfg.skip_server_warmup, "--enable-memory-saver": cfg.enable_memory_saver}
+    switches = {"--skip-server-warmup": cfg.skip_server_warmup, "--enable-memory-saver": cfg.enable_memory_saver,
+                "--enable-return-routed-experts": cfg.enable_return_routed_experts}
     args += [flag for flag, on in switches.items() if on]
     return [*prefix, *args, *cfg.extra_args]
 

@@ -33,6 +33,9 @@ sample path's fidelity in the GRPO run (agentrl/report/fidelity.py): every train
 one sample per attempt that never forked; forks (format errors) and the adapter's time per turn reported.
 Its defaults differ (HARNESS_DEFAULTS): 24 rollouts at --lr 1.6667e-5, and 40 eval tasks x 8 attempts at the
 warm start and the last checkpoint.
+--moe EXPERTS (issue 48): the model a mixture of experts (Qwen3-MoE, EXPERTS a layer, 2 a token), the runs with
+train.routing_replay (--no-replay: without); --serve-dtype bfloat16 serves it in bfloat16 against the float32
+trainer, a real mismatch source. Each such run has a work directory of its own.
 """
 
 from __future__ import annotations
@@ -130,10 +133,18 @@ def harness_args(harness: str) -> list[str]:
             for arg in ("-c", f"{key}={value if isinstance(value, str) else json.dumps(value)}")]
 
 
-def pool(args: argparse.Namespace) -> dict:
-    """The pool's settings, for training and eval alike (the task in PROBLEM_STATEMENT.md)."""
+def replaying(args: argparse.Namespace) -> bool:
+    """Whether the runs replay the MoE's routes (--moe without --no-replay)."""
+    return bool(args.moe) and not args.no_replay
+
+
+def pool(args: argparse.Namespace, *, routes: bool = False) -> dict:
+    """The pool's settings, for training and eval alike (the task in PROBLEM_STATEMENT.md); with `routes`, the
+    adapter keeps each token's experts (the training runs' pool with routing replay; eval needs none)."""
     return {"harness": args.harness, "prompt_style": "instruction", "max_agents": 2, "max_booting": 2,
-            "adapter": {"max_context": 4096, "max_new_tokens": 96}, "lease_s": 60,
+            "adapter": {"max_context": 4096, "max_new_tokens": 96,
+                        **({"return_routed_experts": True} if routes else {})},
+            "lease_s": 60,
             **({"extra_args": harness_args(args.harness)} if harness_args(args.harness) else {}),
             **({"tools_dir": str(args.tools_dir)} if args.tools_dir else {})}
 
@@ -183,15 +194,18 @@ def run_config(args: argparse.Namespace, work: Path, control: bool, max_stalenes
                                 "restart": {"policy": "restart", "max_restarts": 3, "backoff_s": 2}},
                        "trainer": {"command": ["agentrl", "train"], "partition": "cpu", "cpus_per_task": 2,
                                    "mem_per_task_mb": 3000, "restart": {"policy": "fail-run"}}}},
-        "inference": {"engine": "cpu", "model": str(work / "warm"), "port": 31000 + args.seed % 1000},
+        "inference": {"engine": "cpu", "model": str(work / "warm"), "port": 31000 + args.seed % 1000,
+                      **({"dtype": args.serve_dtype} if args.serve_dtype != "float32" else {}),
+                      **({"enable_return_routed_experts": True} if replaying(args) else {})},
         "train": {"model": str(work / "warm"), "prompt_data": str(work / "train.jsonl"),
                   "num_rollouts": args.rollouts, "rollout_batch_size": args.groups,
                   "n_samples_per_prompt": args.attempts, "global_batch_size": args.step_attempts,
                   "lr": args.lr, "max_tokens_per_gpu": 16384, "rollout_timeout_s": 900, "seed": args.seed,
                   "evals_after_last": False, **({"control": "shuffle_rewards"} if control else {}),
                   **({"max_staleness": max_staleness} if max_staleness else {}),
-                  **({"kl_coef": args.kl_coef} if args.kl_coef else {})},
-        "pool": pool(args),
+                  **({"kl_coef": args.kl_coef} if args.kl_coef else {}),
+                  **({"routing_replay": True} if replaying(args) else {})},
+        "pool": pool(args, routes=replaying(args)),
         # The control is scored at its last checkpoint only: its curve is flat by design, and on 2 cores
         # each eval costs minutes.
         "eval": {"tasks": str(work / args.split), "n_samples": args.eval_n, "seed": args.seed,
@@ -230,7 +244,8 @@ class Stages:
 
         def tiny_model() -> None:
             subprocess.check_call([sys.executable, str(ROOT / "tools" / "make_tiny_model.py"), str(work / "base"),
-                                   "--hidden-size", str(args.hidden_size), "--layers", str(args.layers)],
+                                   "--hidden-size", str(args.hidden_size), "--layers", str(args.layers),
+                                   *(["--experts", str(args.moe)] if args.moe else [])],
                                   stdout=subprocess.DEVNULL)
 
         self.stage("model", work / "base" / "agentrl_tiny.json", tiny_model)
@@ -416,6 +431,12 @@ def parser() -> argparse.ArgumentParser:
                    help="score every n-th checkpoint (default 4; mini_swe_agent_text 24, the last only)")
     p.add_argument("--hidden-size", type=int, default=128, help="the model's width")
     p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--moe", type=int, default=0, metavar="EXPERTS",
+                   help="a mixture of experts (Qwen3-MoE, EXPERTS per layer, 2 a token), trained with routing "
+                        "replay (train.routing_replay; default 0: the dense model)")
+    p.add_argument("--no-replay", action="store_true", help="with --moe: train without routing replay")
+    p.add_argument("--serve-dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="inference.dtype of the runs' servers: bfloat16 is a real sampler/trainer mismatch")
     p.add_argument("--tools-dir", type=Path, help="where the agent's tools are installed (default: the pool's)")
     p.add_argument("--no-control", action="store_true",
                    help="skip the control run (e.g. to compare GRPO with --max-staleness alone)")
@@ -434,10 +455,17 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--max-staleness must be 0 or more, got {args.max_staleness}")
     if args.kl_coef < 0:
         p.error(f"--kl-coef must be 0 or more, got {args.kl_coef}")
+    if args.moe and args.moe < 3:
+        p.error(f"--moe must be 3 experts or more (2 a token), got {args.moe}")
+    if args.no_replay and not args.moe:
+        p.error("--no-replay goes with --moe: a dense model has no routes to replay")
     if args.rollouts % args.eval_every:
         p.error(f"--rollouts {args.rollouts} must be a multiple of --eval-every {args.eval_every}")
+    # Its own directory for each model and serving: a stage whose output is there is not redone.
     work = args.work.resolve() / (f"seed{args.seed}-{args.split}" + ("" if args.harness == "builtin"
-                                                                      else f"-{args.harness}"))
+                                                                      else f"-{args.harness}")
+                                  + (f"-moe{args.moe}" + ("-noreplay" if args.no_replay else "") if args.moe else "")
+                                  + ("" if args.serve_dtype == "float32" else f"-serve-{args.serve_dtype}"))
     work.mkdir(parents=True, exist_ok=True)
     out = summary(args, work, stages(args, work))
     if args.json:

@@ -19,7 +19,7 @@ the gap), and how many routes the two precisions choose differently (the trainer
 the recorded ones). docs/train.md, "Routing replay", has a run.
 
     python -m benchmarks.routing_replay_bench [--dir DIR] [--prompts 16] [--prompt-tokens 64]
-                                              [--new-tokens 48] [--scale 8] [--seed 0] [--json]
+                                              [--new-tokens 48] [--scale 8] [--seed 0] [--device cpu] [--json]
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ class Options:
     top_k: int = 2
     scale: float = 8.0
     seed: int = 0
+    device: str = "cpu"      # the stand-in's forward ("cuda" on a GPU node; the trainer takes the GPU there)
 
 
 def sharp_moe(work: Path, opts: Options) -> Path:
@@ -86,7 +87,7 @@ def sampled(model_dir: Path, opts: Options) -> list:
     from hpc.inference.cpu_server import Engine
     from hpc.inference.generation import parse_generate
 
-    engine = Engine(model_dir, dtype="bfloat16", return_routed_experts=True)
+    engine = Engine(model_dir, dtype="bfloat16", return_routed_experts=True, device=opts.device)
     rng = np.random.default_rng(opts.seed)
     samples = []
     for i in range(opts.prompts):
@@ -184,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("prompts", "prompt_tokens", "new_tokens", "layers", "experts", "top_k", "seed"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     p.add_argument("--scale", type=float, default=defaults.scale)
+    p.add_argument("--device", default=defaults.device, help="the stand-in's forward: cpu (default) or cuda")
     p.add_argument("--json", action="store_true", help="print the result as JSON too")
     args = p.parse_args(argv)
     opts = Options(**{k: v for k, v in vars(args).items() if k in Options.__dataclass_fields__})

@@ -42,3 +42,13 @@ def test_a_replay_that_ignores_the_recorded_experts_brings_the_mismatch_back(wor
     on, off = (bench.trainer_mismatch(model, samples, replay=r) for r in (True, False))
     assert on == pytest.approx(off)
     assert off["mismatch_max"] > 0.2        # the gap replay closes in the test above
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(),
+                    reason="needs a CUDA GPU (tools/gpu_check.sh runs it there)")
+def test_on_a_gpu_replay_narrows_the_gap(work):
+    """The stand-in's bfloat16 forward and the torch trainer on the GPU (tools/gpu_check.sh, check moe)."""
+    result = bench.measure(work, bench.Options(prompts=4, new_tokens=24, device="cuda"))
+    print(bench.report(result))
+    assert result["on"]["mismatch_mean"] < result["off"]["mismatch_mean"]
+    assert result["on"]["mismatch_max"] <= result["off"]["mismatch_max"]

@@ -158,7 +158,7 @@ def test_the_adapter_keeps_each_fed_positions_experts_along_its_chains(tiny_moe_
 
     with ServerThread(Engine(tiny_moe_model, return_routed_experts=True)) as server:
         finished = asyncio.run(go(server.url))
-    assert asked[0] == 0 and len(asked) == 3
+    assert asked[0] == 0 and len(asked) == 3 and finished.stats["turns_without_routes"] == 0
     for chain in finished.chains:
         routes = chain.routed_experts
         assert routes is not None and routes.shape == (len(chain.tokens), 4)

@@ -184,6 +184,8 @@ class Adapter:
         params = self.sampling_for(session, chat, len(ids))
         if session.upstream is None:
             session.upstream = self.pool.pick()
+        # From where the turn it will mount under holds none (a concurrent turn of the session may mount it
+        # elsewhere meanwhile: then the rows between keep NO_ROUTE, the trainer's own choice).
         routes_from = session.tree.routes_start(ids) if self.config.return_routed_experts else None
         t1 = time.perf_counter()
         try:
@@ -212,6 +214,7 @@ class Adapter:
             session.tree.add(Turn(ids, out, gen.logprobs, finish, parsed.ill_formed,
                                   _version(gen.weight_version), meta={"t": time.time()},
                                   **_routes(gen, routes_from, len(ids))))
+            session.stats["turns_without_routes"] += routes_from is not None and gen.routed_experts is None
             session.stats["ill_formed_turns"] += parsed.ill_formed
             session.stats["length_stops"] += finish == "length"
             call_ids = new_tool_ids(parsed, chat.call_id_prefix)

@@ -4,9 +4,10 @@ Per micro-batch of the step plan: the behaviour policy's log-probs (with tis_cap
 weighed against the sampler's) and the reference model's (with kl_coef), both without gradients; then
 the policy's, the loss (agentrl.train.loss.policy_loss: the per-attempt reduction already divides by
 the step) and its backward; and how far the policy's log-probs are from the sampler's
-(agentrl.train.mismatch), from the same forward. The backend says how a micro-batch is computed (`logprobs`), how its
-backward joins the others (`accumulating`: DDP's no_sync on every micro-batch but the last) and how the
-loss is scaled for its gradient reduction (DDP averages over ranks: scale by the world size).
+(agentrl.train.mismatch), from the same forward. The backend says how a micro-batch is computed
+(`logprobs`), how its backward joins the others (`accumulating`: DDP's no_sync on every micro-batch but
+the last) and how the loss is scaled for its gradient reduction (DDP averages over ranks: scale by the
+world size).
 """
 
 from __future__ import annotations

@@ -2,10 +2,12 @@ import itertools
 import time
 
 import hypothesis.strategies as st
+import numpy as np
 import pytest
 from hypothesis import given, settings
 
 from agentrl.adapter.trajectory import Chain, Drift, TrajectoryTree, Turn, TurnSpan
+from agentrl.sample import AttemptMetadata
 
 SYSTEM = [1, 2, 3]
 
@@ -290,3 +292,37 @@ def test_random_sessions_train_every_kept_token_once_in_place(ops):
     lost = [len(t.output_ids) - kept[i] for i, t in enumerate(turns)]
     assert sum(n > 0 for n in lost) <= counts[Drift.REALIGN]
     assert all(n <= WINDOW for n in lost)
+
+
+def routed(prompt, output, start, **kw) -> Turn:
+    """A turn with an MoE's routes as a server sends them, positions [start, seqlen - 1): each row holds its
+    position and the token there, so a row in the wrong place, or of other tokens, shows."""
+    seq = [*prompt, *output]
+    rows = np.array([[p, seq[p]] for p in range(start, len(seq) - 1)], dtype=np.int16).reshape(-1, 2)
+    return turn(prompt, output, routes=rows, routes_start=start, **kw)
+
+
+@pytest.mark.parametrize("realign", [False, True])
+def test_each_turn_asks_for_the_routes_its_chain_lacks_and_the_sample_has_every_fed_positions(realign):
+    a, b, c = chain(3)
+    c_prompt = [*b.prompt_ids.tolist(), 1010, 1011, 7777, 600] if realign else c.prompt_ids.tolist()
+    tree = TrajectoryTree()
+    starts = []
+    for t in (a, b, turn(c_prompt, [1020, 1021])):
+        start = tree.routes_start(t.prompt_ids)
+        starts.append(start)
+        tree.add(routed(t.prompt_ids.tolist(), t.output_ids.tolist(), start))
+    # a root asks from 0; a clean turn from its parent's last output token (never fed); a REALIGN from the last
+    # token the parent keeps, as the re-rendered ones after it are new
+    assert starts == [0, len(held(a)) - 1, len(b.prompt_ids) + (2 if realign else 4) - 1]
+    [s] = tree.samples()
+    assert s.routed_experts is not None and s.routed_experts.shape == (len(s.tokens), 2)
+    assert s.routed_experts[:-1].tolist() == [[p, s.tokens[p]] for p in range(len(s.tokens) - 1)]
+    assert s.routed_experts[-1].tolist() == [-1, -1]
+    sample = s.to_sample(reward=1.0, group_index=0, attempt=0, metadata=AttemptMetadata())
+    assert (sample.routed_experts == s.routed_experts).all()
+
+
+def test_routes_that_do_not_cover_the_turns_positions_are_refused():
+    with pytest.raises(ValueError, match=r"routes of shape \(3, 2\) for positions \[0, 6\)"):
+        turn([1, 2, 3], [4, 5, 6, 7], routes=np.zeros((3, 2), np.int16))

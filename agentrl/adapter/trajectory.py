@@ -255,11 +255,11 @@ class TrajectoryTree:
 
     def routes_start(self, prompt_ids: Sequence[int]) -> int:
         """From which position a turn with this prompt needs its routes (SGLang's routed_experts_start_len):
-        the turn it will mount under holds those of every position before its held sequence's last
-        token (that token was never fed to the server: its route comes with the next turn)."""
+        the turn it will mount under holds those of every position before the last token it keeps (that
+        token was never fed to the server, or a REALIGN re-rendered what follows it)."""
         prompt = _frozen(prompt_ids, np.int32)
-        parent, _ = self._mount_point(prompt, prompt.tobytes())
-        return 0 if parent is None else min(parent.held_length - 1, len(prompt))
+        parent, kept = self._mount_point(prompt, prompt.tobytes())   # kept: less than the parent's on a REALIGN
+        return 0 if parent is None else min(parent.prompt_length + kept - 1, len(prompt))
 
     def _mount_point(self, prompt: np.ndarray, haystack: bytes) -> tuple[_Node | None, int]:
         """The node to mount under and how many of its output tokens stay trained.

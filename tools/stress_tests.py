@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="stress_tests.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--spinners", type=int, default=os.cpu_count() or 1, help="busy processes (default: one per core)")
-    ap.add_argument("--workers", type=int, default=3, help="pytest-xdist workers, as make test's TEST_WORKERS")
+    ap.add_argument("--workers", type=int, default=2, help="pytest-xdist workers, as make test's TEST_WORKERS")
     ap.add_argument("--log", type=Path, help="append one JSON line per run here (each run's output beside it)")
     args = ap.parse_args(ours)
     if args.runs < 1 or args.spinners < 0 or args.workers < 1:

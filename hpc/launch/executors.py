@@ -57,12 +57,7 @@ def allocation_request(plan: Plan) -> dict:
                 slurm_gres=f"gpu:{comp.gpus_per_node}" if comp.gpus_per_node else None,
                 timeout_min=plan.time_limit_min, name=plan.name, slurm_signal_delay_s=plan.signal_lead_s,
                 # submitit's own srun wrapper hangs the driver's nested srun steps.
-                slurm_use_srun=False,
-                # The batch shell ignores SIGUSR2: sent to the whole job (scancel --full, a B: signal), bash's
-                # default is to die, and Slurm then kills submitit's python KillWait later, before its
-                # checkpoint and requeue end if they are slow (CI under load, with the local cluster's 5 s).
-                # The python sets its own handler, so it still gets the signal.
-                slurm_setup=["trap '' USR2"])
+                slurm_use_srun=False)
 
 
 def submit_submitit(plan: Plan, layout: RunLayout, python: str) -> list[str]:

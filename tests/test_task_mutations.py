@@ -257,14 +257,14 @@ def test_a_source_the_grader_cannot_run_is_refused_naming_the_file_and_the_fix()
     good = from_directory(LISTKIT)
     check_layout(good, "listkit")
     no_tests = type(good)("p", {k: v for k, v in good.files.items() if not k.startswith("tests/")})
-    with pytest.raises(SourceError, match=r"no tests/test_\*.py.*move them to tests/"):
+    with pytest.raises(SourceError, match=r"no tests found \(directories named tests or test"):
         check_layout(no_tests, "p")
     src = type(good)("p", {**{"src/" + k if k.startswith("listkit/") else k: v for k, v in good.files.items()},
                            "tests/__init__.py": b"def broken(:\n"})
     with pytest.raises(SourceError, match=r"tests/__init__.py does not parse.*src/ layout"):
         check_layout(src, "p")
     only_tests = type(good)("p", {k: v for k, v in good.files.items() if k.startswith("tests/")})
-    with pytest.raises(SourceError, match="no Python module outside tests/"):
+    with pytest.raises(SourceError, match=r"no Python module outside the tests \(tests\)"):
         check_layout(only_tests, "p")
 
 
@@ -291,7 +291,7 @@ def test_a_src_layouts_tests_import_it_from_src_and_the_tests_tree_goes_whole_to
     draft = Draft(key="k", instruction="fix it\n", repo=repo, fixed={"src/pkg/__init__.py": b"X = 1\n"},
                   hidden={}, fail_to_pass=("tests.test_pkg.T.test_x",), pass_to_pass=(), description="d",
                   metadata={})
-    task = gen.layout("t", draft, "mutations", "train", 0, b"#!/bin/sh\n", suite=True)
+    task = gen.layout("t", draft, "mutations", "train", 0, b"#!/bin/sh\n", suite=project.tests)
     assert {rel.removeprefix("tests/suite/") for rel in task if rel.startswith("tests/suite/")} == {
         rel.removeprefix("tests/") for rel in repo if rel.startswith("tests/")}
     assert task["tests/suite/__init__.py"] == init
@@ -332,7 +332,7 @@ def test_arguments_are_refused_before_anything_runs(tmp_path, capsys):
         assert said in capsys.readouterr().err
     assert main(["tasks", "generate", "pyfix", "--source", "x", "--n", "1", "--split", "train",
                  "--out", str(out)]) == 2
-    assert "mutations family's" in capsys.readouterr().err and not out.exists()
+    assert "mutations and commits families'" in capsys.readouterr().err and not out.exists()
 
 
 # --- validation in sandboxes ------------------------------------------------------------------------------------

@@ -19,8 +19,12 @@ from hpc.sandbox.base import SandboxError
 
 from ..swe.families import FAMILIES, GenerationError
 from ..swe.generate import HINTS, HOST_PYTHON, Refused, generate
+from ..swe.mutate import commits_build
 from ..swe.mutate.build import Options
 from ..swe.mutate.build import generate as build_mutations
+
+# The families made from real projects, validated by their own tests (agentrl/swe/mutate/)
+BUILDERS = {"mutations": build_mutations, "commits": commits_build.generate}
 
 
 class WithRequirement(argparse.Action):
@@ -34,8 +38,9 @@ class WithRequirement(argparse.Action):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("family", help=f"the task family: {', '.join(sorted(FAMILIES))}, or mutations (bugs put into "
-                                  "the projects named by --source, validated by their own tests: docs/tasks.md)")
+    p.add_argument("family", help=f"the task family: {', '.join(sorted(FAMILIES))}; mutations (bugs put into "
+                                  "the projects named by --source, validated by their own tests) or commits (fixes "
+                                  "from the history of the git checkouts named by --source): docs/tasks.md")
     p.add_argument("--n", type=int, required=True, help="how many tasks")
     p.add_argument("--seed", type=int, default=0, help="the set's seed (default 0)")
     p.add_argument("--split", required=True, help="train or heldout: disjoint task sets, whatever the seeds")
@@ -43,10 +48,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="replace task directories that already exist")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                    help="tasks checked at once on the host (default: the CPU count)")
-    m = p.add_argument_group("mutations")
+    m = p.add_argument_group("mutations and commits")
     m.add_argument("--source", action="append", metavar="SPEC",
                    help="a project: a checkout directory, an sdist .tar.gz, or a requirement pip downloads "
-                        "(repeatable)")
+                        "(repeatable); for commits, a git checkout with its history")
     m.add_argument("--with", dest="with_", action=WithRequirement, default=[], metavar="REQ",
                    help="a requirement the previous --source's tests need (pytest, hypothesis==6.*; repeatable): its "
                         "wheels go into an image its tasks share, built by `agentrl images build` (docs/tasks.md)")
@@ -76,11 +81,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Exit 0 with every task written; 2 for arguments or an output refused; 1 when a task fails its check."""
     t0 = time.monotonic()
-    if args.family == "mutations":
+    if args.family in BUILDERS:
         return run_mutations(args, t0)
     if args.source or args.hints or args.slurm or args.with_ or args.base_image or args.image_cache:
-        print(f"--source, --with, --base-image, --image-cache, --hints and --slurm are the mutations family's, "
-              f"not {args.family!r}'s", file=sys.stderr)
+        print(f"--source, --with, --base-image, --image-cache, --hints and --slurm are the mutations and commits "
+              f"families', not {args.family!r}'s", file=sys.stderr)
         return 2
     if args.jobs < 1:
         print(f"--jobs must be at least 1, got {args.jobs}", file=sys.stderr)
@@ -100,18 +105,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_mutations(args: argparse.Namespace, t0: float) -> int:
-    """Exit 0 with every task written; 2 for arguments or an output refused; 1 when a source cannot make them."""
+    """The mutations or commits family. Exit 0 with every task written; 2 for arguments or an output refused; 1
+    when a source cannot make them."""
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
     try:
-        written = build_mutations(options(args), say)
+        written = BUILDERS[args.family](options(args), say)
     except Refused as e:
         say(str(e))
         return 2
     except (GenerationError, SandboxError, OSError, subprocess.SubprocessError) as e:
-        say(f"generate mutations: {e}")
+        say(f"generate {args.family}: {e}")
         return 1
-    say(f"{args.out}: {len(written)} mutations task(s), split {args.split}, seed {args.seed}, "
+    say(f"{args.out}: {len(written)} {args.family} task(s), split {args.split}, seed {args.seed}, "
         f"in {time.monotonic() - t0:.1f} s")
     return 0
 

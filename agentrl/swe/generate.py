@@ -34,6 +34,7 @@ from pathlib import Path
 from hpc.fsio import fsync_dir, fsync_tree, temp_path
 
 from .families import FAMILIES, Draft, GenerationError
+from .mutate.suite import TestLayout
 
 SPLITS = ("train", "heldout")
 # What a mutations task's instruction may tell of its bug (--hints): agentrl/swe/mutate/issue.py
@@ -63,9 +64,11 @@ def shipped_grader() -> dict:
     return namespace
 
 
-def suite_command(python: str, runner: str = "unittest") -> list[str]:
-    """The suite's command line, as the grader runs it (grade.py's RUNNERS): unittest's, or pytest's."""
-    return [python, *shipped_grader()["RUNNERS"][runner]]
+def suite_command(python: str, runner: str = "unittest", tests: TestLayout | None = None) -> list[str]:
+    """The suite's command line, as the grader runs it (grade.py's runner_command): unittest's, or pytest's,
+    over tests/ or the layout's test directories."""
+    dirs = list(tests.dirs) if tests is not None and not tests.default else None
+    return [python, *shipped_grader()["runner_command"](runner, dirs)]
 
 
 def split_of(key: str) -> str:
@@ -142,17 +145,21 @@ def solve_sh(fixed: dict[str, bytes]) -> bytes:
 
 
 def layout(name: str, draft: Draft, family: str, split: str, seed: int,
-           solve: bytes | None = None, suite: bool = False, environment: dict[str, bytes] | None = None,
-           runner: str = "unittest") -> dict[str, bytes]:
+           solve: bytes | None = None, suite: TestLayout | None = None,
+           environment: dict[str, bytes] | None = None, runner: str = "unittest") -> dict[str, bytes]:
     """Every file of the task directory, relative path -> bytes, laid out as the bundled tasks are; `solve`
     replaces the solve.sh that writes the fixed files whole (the mutations family's is a patch). With
-    `suite`, the verifier carries the repository's whole tests/ tree as tests/suite/ (test.sh puts it in
-    place of the repository's), not only its tests/test_*.py: a real project's tests have helpers and data.
-    `environment` is a build context for environment/ (a Dockerfile among it): the task's image. `runner`
-    is how the grader runs the suite (grade.py's RUNNERS): expected.json names it when it is not unittest."""
-    if suite:
+    `suite`, the verifier carries the repository's whole test directories as tests/suite/ (grade.py's place
+    puts them in place of the repository's), not only its tests/test_*.py: a real project's tests have
+    helpers and data. tests/ alone goes as suite/ itself; other layouts at their own paths below suite/, with
+    the conftest.py files above them, and expected.json names them (test_dirs). `environment` is a build
+    context for environment/ (a Dockerfile among it): the task's image. `runner` is how the grader runs the
+    suite (grade.py's RUNNERS): expected.json names it when it is not unittest."""
+    if suite is not None and suite.default:
         repo_tests = {"suite/" + rel.split("/", 1)[1]: data for rel, data in draft.repo.items()
                       if rel.startswith("tests/")}
+    elif suite is not None:
+        repo_tests = {"suite/" + rel: data for rel, data in draft.repo.items() if suite.holds(rel)}
     else:
         repo_tests = {rel.split("/", 1)[1]: data for rel, data in draft.repo.items()
                       if rel.startswith("tests/test_") and rel.count("/") == 1}
@@ -161,7 +168,8 @@ def layout(name: str, draft: Draft, family: str, split: str, seed: int,
         raise GenerationError(f"{name}: " + (f"hidden test files {clash} clash with the verifier's" if clash
                                              else "FAIL_TO_PASS names no test"))
     expected = {"FAIL_TO_PASS": sorted(draft.fail_to_pass), "PASS_TO_PASS": sorted(draft.pass_to_pass),
-                **({"runner": runner} if runner != "unittest" else {})}
+                **({"runner": runner} if runner != "unittest" else {}),
+                **({"test_dirs": list(suite.dirs)} if suite is not None and not suite.default else {})}
     files = {"instruction.md": draft.instruction.encode(),
              "task.toml": task_toml(name, draft, family, split, seed, built=environment is not None).encode(),
              **{f"environment/{rel}": data for rel, data in (environment or {}).items()},

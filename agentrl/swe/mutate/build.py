@@ -19,9 +19,10 @@ import math
 import random
 import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 from hpc.images.cache import ImageCache
 
@@ -168,6 +169,24 @@ class Mutants:
     def diff(self, c: Candidate) -> bytes:
         return unified_diff(c.path, self.project.files[c.path].decode(), self.mutated(c))
 
+    def place(self, c: Candidate) -> str:
+        """Where the bug is, for duplicates: the file and function."""
+        return f"{c.path}:{c.site.function}"
+
+
+class Candidates(Protocol):
+    """What validation needs of a family's candidates (Mutants, commits.OneCommit): the project whose clean
+    tree runs, the candidates in order (each with an `id`), each one's patch and place."""
+    @property
+    def project(self) -> Project: ...
+
+    @property
+    def order(self) -> Sequence[Any]: ...
+
+    def diff(self, c: Any) -> bytes: ...
+
+    def place(self, c: Any) -> str: ...
+
 
 def _run(project: Project, work: Path, opts: Options, spec, todo: list[Job], workers: int) -> None:
     """The jobs' result files: in sandboxes here, `workers` at once, or with --slurm as one job array."""
@@ -198,14 +217,28 @@ def _clean(project: Project, work: Path, opts: Options, spec, environment: Requi
     return base
 
 
-def validate(mutants: Mutants, quota: int, opts: Options, progress: Callable[[str], None] = lambda s: None,
-             environment: RequirementsImage | None = None) -> list[tuple[Candidate, Verdict, dict[str, str]]]:
-    """The first `quota` kept candidates, each with its verdict and its failures' excerpts."""
+def validate(mutants: Candidates, quota: int, opts: Options, progress: Callable[[str], None] = lambda s: None,
+             environment: RequirementsImage | None = None) -> list[tuple[Any, Verdict, dict[str, str]]]:
+    """The first `quota` kept candidates, each with its verdict and its failures' excerpts; SourceError when
+    the candidates run out first."""
+    kept, tally = judge_candidates(mutants, quota, opts, progress, environment)
+    if len(kept) < quota:
+        raise SourceError(f"{mutants.project.name}: {len(mutants.order)} {opts.split} candidates gave {len(kept)} "
+                          f"tasks, not {quota} ({tally.line(mutants.project.name, quota, 0)}): lower --n or add "
+                          "sources")
+    return kept[:quota]
+
+
+def judge_candidates(mutants: Candidates, quota: int, opts: Options, progress: Callable[[str], None] = lambda s: None,
+                     environment: RequirementsImage | None = None
+                     ) -> tuple[list[tuple[Any, Verdict, dict[str, str]]], Tally]:
+    """Candidates validated in order until `quota` are kept or none is left: the kept ones (verdict, failures'
+    excerpts) and the tally of all judged. SourceError when no test passes on the clean tree."""
     project = mutants.project
     work = opts.out / WORK / work_name(project, environment)
     work.mkdir(parents=True, exist_ok=True)
     spec = suite_spec(project.name, opts.timeout_s, RESOURCES, environment.image if environment else HOST_IMAGE,
-                      environment.runner if environment else "unittest")
+                      environment.runner if environment else "unittest", project.tests)
     base = _clean(project, work, opts, spec, environment)
     # How far earlier runs got, in batches of whatever size: the first batch reaches that far, so their
     # results are judged, and only the gaps they left run, before anything further down the order
@@ -229,14 +262,11 @@ def validate(mutants: Mutants, quota: int, opts: Options, progress: Callable[[st
                 if read_result(work / f"{c.id}.json") is None]
         _run(project, work, opts, spec, todo, workers=opts.jobs)
         start += len(chunk)
-    if len(kept) < quota:
-        raise SourceError(f"{project.name}: {len(mutants.order)} {opts.split} candidates gave {len(kept)} tasks, not "
-                          f"{quota} ({tally.line(project.name, quota, 0)}): lower --n or add sources")
-    return kept[:quota]
+    return kept[:quota], tally
 
 
-def _judge_upto(mutants: Mutants, base: Baseline, work: Path, end: int
-                ) -> list[tuple[Candidate, Verdict, dict[str, str]]]:
+def _judge_upto(mutants: Candidates, base: Baseline, work: Path, end: int
+                ) -> list[tuple[Any, Verdict, dict[str, str]]]:
     """Verdicts of candidates [0, end) in order, duplicates decided in that order (pure over result files)."""
     rows = []
     for c in mutants.order[:end]:
@@ -245,8 +275,7 @@ def _judge_upto(mutants: Mutants, base: Baseline, work: Path, end: int
             raise SourceError(f"{work / (c.id + '.json')}: missing while later results exist: run again")
         verdict = judge(base, runs[0], runs[1] if len(runs) > 1 else None)
         rows.append((c, verdict, runs[0].failures))
-    verdicts = dedupe([(v, mutants.diff(c) if v.kept else b"", f"{c.path}:{c.site.function}")
-                       for c, v, _ in rows])
+    verdicts = dedupe([(v, mutants.diff(c) if v.kept else b"", mutants.place(c)) for c, v, _ in rows])
     return [(c, v, f) for (c, _, f), v in zip(rows, verdicts, strict=True)]
 
 
@@ -274,9 +303,14 @@ def generate(opts: Options, progress: Callable[[str], None] = lambda s: None) ->
                                 failures, opts.hints, runner)
                 inverse = unified_diff(c.path, mutants.mutated(c), project.files[c.path].decode())
                 name = task_name(FAMILY, opts.split, opts.seed, len(tasks))
-                files = layout(name, d, FAMILY, opts.split, opts.seed, issue.solve_sh(inverse), suite=True,
+                files = layout(name, d, FAMILY, opts.split, opts.seed, issue.solve_sh(inverse), suite=project.tests,
                                environment=environment.context() if environment else None, runner=runner)
                 tasks.append((name, files))
+    return write_tasks(opts, tasks)
+
+
+def write_tasks(opts: Options, tasks: list[tuple[str, dict[str, bytes]]]) -> list[Path]:
+    """Each task written under --out; one already there with the same bytes is left as it is."""
     written = []
     for name, files in tasks:
         target = opts.out / name

@@ -41,11 +41,11 @@ def instruction(project: str, fail_to_pass: tuple[str, ...], failures: dict[str,
     return "\n".join(parts) + "\n"
 
 
-def solve_sh(inverse: bytes) -> bytes:
+def solve_sh(inverse: bytes, what: str = "the inverse of the injected bug's patch") -> bytes:
     text = inverse.decode()
     if EOF_MARK in text.splitlines():
         raise ValueError(f"the patch holds a line {EOF_MARK}: a heredoc cannot carry it")
-    return ("#!/usr/bin/env bash\n# Reference solution: the inverse of the injected bug's patch.\n"
+    return (f"#!/usr/bin/env bash\n# Reference solution: {what}.\n"
             "set -euo pipefail\ncd \"${TESTBED:-/testbed}\"\n"
             f"git apply --whitespace=nowarn <<'{EOF_MARK}'\n{text}{EOF_MARK}\n").encode()
 

@@ -1,13 +1,15 @@
 """A source project, read once into memory: a local checkout, an sdist, or a requirement pip fetches.
 
-What a task can carry is fixed by the grader every task shares (agentrl/swe/verifier/test.sh): it puts
-the task's copy of the repository's tests/ tree in place of the agent's, then runs
-`python3 -I -B -m unittest discover -s tests -t .` in the repository (or pytest, for a source given
---with pytest), with no install step of the project. So a source qualifies when its tests are under
-tests/ (helpers and data beside them are carried) and its package imports from the repository's root or from src/: a
-src/ layout's tests/__init__.py gets SRC_PATH, which puts src/ first on the path, as pytest's
-`pythonpath = src` does. `check_layout` refuses the others, naming the file and what to change. The
-files are kept as bytes, in sorted order, so a project read twice is the same.
+What a task can carry is fixed by the grader every task shares (agentrl/swe/verifier/): it puts the task's
+copy of the project's test directories in place of the agent's, then runs the suite in the repository with
+unittest (or pytest, for a source given --with pytest), with no install step of the project. The test
+directories are found as the project's runner finds them (suite.py: pytest's testpaths, else every
+directory named tests or test that holds test modules), wherever they are: tests/, test/, PKG/tests/,
+PKG/*/tests/. Each gets an __init__.py (empty if the project has none), so unittest imports it as a
+package from the top of its package tree. A src/ layout's top-level test directory gets SRC_PATH in
+its __init__.py, which puts src/ first on the path, as pytest's `pythonpath = src` does. `check_layout`
+refuses what cannot be graded, naming what was searched or the file and what to change. The files are
+kept as bytes, in sorted order, so a project read twice is the same.
 """
 
 from __future__ import annotations
@@ -20,15 +22,18 @@ import sys
 import tarfile
 import tempfile
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path, PurePosixPath
 
 from ..families.base import GenerationError
+from .suite import TestLayout, find, looks_like_test
 
 # Never part of a task's repository: build and tool output, caches, VCS metadata.
 SKIPPED_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", ".tox", ".nox", ".venv", "venv", ".mypy_cache",
                           ".pytest_cache", ".ruff_cache", "build", "dist", ".eggs", "node_modules"})
 # Not mutated: packaging and docs, whose bugs no test sees.
-NOT_MUTATED = re.compile(r"^(setup\.py|conftest\.py|noxfile\.py|docs?/.*|examples?/.*|benchmarks?/.*|tests/.*)$")
+NOT_MUTATED = re.compile(r"^(setup\.py|(?:.*/)?conftest\.py|noxfile\.py|docs?/.*|examples?/.*|benchmarks?/.*|"
+                         r"tests/.*)$")
 MAX_PROJECT_BYTES = 32 * 2**20
 # A module that says in its first lines that a tool wrote it (parser tables, Unicode data, a version file):
 # its bugs would be the tool's, and a table's thousands of numbers give thousands of candidates
@@ -57,10 +62,17 @@ class Project:
             h.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
         return h.hexdigest()[:16]
 
+    @cached_property
+    def tests(self) -> TestLayout:
+        """Where the project's tests are (suite.find)."""
+        return find(self.files)
+
     def mutable(self) -> list[str]:
-        """The modules whose bugs a task can hold: Python files outside tests, docs and packaging, and not
-        generated (GENERATED in their first three lines)."""
+        """The modules whose bugs a task can hold: Python files outside the tests (the suite's, and any test
+        module or test directory outside it), docs and packaging, and not generated (GENERATED in their first
+        three lines)."""
         return [rel for rel in self.files if rel.endswith(".py") and not NOT_MUTATED.match(rel)
+                and not self.tests.holds(rel) and not looks_like_test(rel)
                 and self.files[rel].endswith(b"\n")    # difflib's hunks need the last line ended
                 and not GENERATED.search(b"\n".join(self.files[rel].split(b"\n", 3)[:3]))]
 
@@ -147,20 +159,21 @@ def load(spec: str, find_links: Path | None = None) -> Project:
 
 
 def check_layout(project: Project, spec: str) -> None:
-    """Refuse what the shared grader cannot run, naming the file and the change that makes it fit."""
-    modules = [rel for rel in project.files if re.fullmatch(r"tests/(?:[^/]+/)*test_[^/]*\.py", rel)]
-    if not modules:
-        raise SourceError(f"--source {spec}: no tests/test_*.py: the grader runs unittest discover on tests/ "
-                          "(a test/ directory, or tests inside the package: move them to tests/)")
-    init = project.files.get("tests/__init__.py", b"")
+    """Refuse what the shared grader cannot run, naming what was searched, or the file and the change that
+    makes it fit."""
+    if not project.tests.dirs:
+        raise SourceError(f"--source {spec}: no tests found ({project.tests.found_by}): a task is graded by the "
+                          "project's own tests; point --source at a project that has some")
     if src_layout(project):
-        try:
-            ast.parse(init)
-        except (SyntaxError, ValueError) as e:
-            raise SourceError(f"--source {spec}: tests/__init__.py does not parse ({e}): a src/ layout's tests "
-                              "get their path from it") from None
+        for init in (f"{d}/__init__.py" for d in project.tests.dirs if "/" not in d):
+            try:
+                ast.parse(project.files.get(init, b""))
+            except (SyntaxError, ValueError) as e:
+                raise SourceError(f"--source {spec}: {init} does not parse ({e}): a src/ layout's tests get their "
+                                  "path from it") from None
     if not project.mutable():
-        raise SourceError(f"--source {spec}: no Python module outside tests/, docs/ and setup.py to put a bug in")
+        raise SourceError(f"--source {spec}: no Python module outside the tests ({', '.join(project.tests.dirs)}), "
+                          "docs/ and setup.py to put a bug in")
 
 
 def src_layout(project: Project) -> bool:
@@ -186,7 +199,10 @@ def _with_src_path(init: bytes) -> bytes:
 
 
 def task_repository(project: Project) -> dict[str, bytes]:
-    """The repository as a task holds it: a tests/__init__.py (empty if the project has none), which a src/
-    layout's starts with SRC_PATH."""
-    init = project.files.get("tests/__init__.py", b"")
-    return {**project.files, "tests/__init__.py": _with_src_path(init) if src_layout(project) else init}
+    """The repository as a task holds it: each test directory with an __init__.py (empty if the project has
+    none); a src/ layout's top-level ones start with SRC_PATH."""
+    repo = dict(project.files)
+    for d in project.tests.dirs:
+        init = project.files.get(f"{d}/__init__.py", b"")
+        repo[f"{d}/__init__.py"] = _with_src_path(init) if src_layout(project) and "/" not in d else init
+    return dict(sorted(repo.items()))

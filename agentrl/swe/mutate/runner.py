@@ -28,6 +28,7 @@ from ..generate import shipped_grader, suite_command
 from ..loaded import materialize
 from ..sandboxes import task_sandbox
 from ..task import HOST_IMAGE, Resources, TaskSpec, Timeouts
+from .suite import TestLayout
 from .verdict import Run, failure_excerpts
 
 WORKDIR = "/testbed"
@@ -44,11 +45,11 @@ class Job:
 
 
 def suite_spec(name: str, timeout_s: float, resources: Resources, image: str = HOST_IMAGE,
-               runner: str = "unittest") -> TaskSpec:
+               runner: str = "unittest", tests: TestLayout | None = None) -> TaskSpec:
     """The sandbox's spec: a task of the project with no bug, as a task's own would be (in its image); its
-    eval_command is the suite's, as the grader runs it."""
+    eval_command is the suite's, as the grader runs it (over the layout's test directories)."""
     return TaskSpec(instance_id=f"validate-{name}", image=image, workdir=WORKDIR, prompt="validation",
-                    eval_command=suite_command("python3", runner),
+                    eval_command=suite_command("python3", runner, tests),
                     timeouts=Timeouts(agent_s=timeout_s, eval_s=timeout_s), resources=resources)
 
 
@@ -73,8 +74,8 @@ async def _run_suite(sb, spec: TaskSpec, diff: bytes, timeout_s: float) -> Run:
 
 
 def runner_of(spec: TaskSpec) -> str:
-    """Which of the grader's runners the spec's eval_command is (suite_spec made it)."""
-    return next(name for name, args in shipped_grader()["RUNNERS"].items() if spec.eval_command[1:] == args)
+    """Which of the grader's runners the spec's eval_command runs (suite_spec made it)."""
+    return "pytest" if spec.eval_command[3:5] == ["-m", "pytest"] else "unittest"
 
 
 async def _worker(repo: Path, spec: TaskSpec, jobs: asyncio.Queue, timeout_s: float, scratch: str | None,

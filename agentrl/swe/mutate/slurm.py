@@ -30,7 +30,7 @@ from hpc.sandbox.base import SandboxError
 
 from ..loaded import materialize
 from ..task import HOST_IMAGE, Resources, TaskSpec
-from .runner import Job, read_result, run_jobs, runner_of, suite_spec
+from .runner import Job, read_result, run_jobs, suite_spec
 from .verdict import Run, baseline, judge
 
 
@@ -52,7 +52,7 @@ def submit_batch(work: Path, repository: dict[str, bytes], spec: TaskSpec, todo:
     write_atomic(batch / "jobs.json", json.dumps({
         "name": spec.instance_id.removeprefix("validate-"), "timeout_s": timeout_s, "scratch": scratch,
         "image": spec.image, "image_cache": str(image_cache.resolve()) if image_cache else None,
-        "runner": runner_of(spec),
+        "eval_command": spec.eval_command,
         "cpus": spec.resources.cpus, "mem_mb": spec.resources.mem_mb, "clean": str((work / "clean.json").resolve()),
         "jobs": jobs}, indent=1).encode())
     script = batch / "job.sbatch"
@@ -83,7 +83,7 @@ def run_task(batch: Path, index: int, outcomes: Path) -> int:
         def again(run: Run) -> bool:
             return judge(base, run).kept
     spec = suite_spec(data["name"], data["timeout_s"], Resources(cpus=data["cpus"], mem_mb=data["mem_mb"]),
-                      data.get("image") or HOST_IMAGE, data.get("runner") or "unittest")
+                      data.get("image") or HOST_IMAGE).model_copy(update={"eval_command": data["eval_command"]})
     cache = ImageCache(data["image_cache"]) if data.get("image_cache") else None
     repo = batch / "repo"
     repository = {p.relative_to(repo).as_posix(): p.read_bytes() for p in sorted(repo.rglob("*")) if p.is_file()}

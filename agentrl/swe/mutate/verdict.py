@@ -19,6 +19,8 @@ import difflib
 import re
 from dataclasses import dataclass, field
 
+from .suite import looks_like_test
+
 REASONS = ("timeout", "breaks-suite", "flaky", "equivalent", "duplicate")
 BREAK_FRACTION = 0.5
 COLLECTION = ("unittest.loader._FailedTest.", "unittest.loader.ModuleImportFailure.")
@@ -94,7 +96,7 @@ def _cut(lines: list[str]) -> str:
             break
         frame = _FRAME.match(line)
         if frame:
-            in_frame, keep = True, "/tests/" in frame.group(1)
+            in_frame, keep = True, looks_like_test(frame.group(1))
         elif not (in_frame and line.startswith("    ")):
             in_frame, keep = False, True
         if keep:

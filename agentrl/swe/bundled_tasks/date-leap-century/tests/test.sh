@@ -19,10 +19,9 @@ grade() { "$PYTHON" -I "$TESTS_DIR"/grade.py "$@"; }
 grade stop || exit 2
 # The verifier's copies replace the repository's tests: deleted, emptied or edited test
 # files or a tests/__init__.py of the agent's do not count. A task whose tests need more than
-# their modules (helpers, data, an __init__.py of their own) ships the whole tree as suite/.
-rm -rf tests && mkdir tests || exit 2
-if [ -d "$TESTS_DIR"/suite ]; then cp -R "$TESTS_DIR"/suite/. tests/; else
-    : > tests/__init__.py && cp "$TESTS_DIR"/test_*.py tests/; fi || exit 2
+# their modules (helpers, data, an __init__.py of their own) ships the whole tree as suite/,
+# at the tests' own paths when they are not in tests/ (expected.json's test_dirs).
+grade place "$TESTS_DIR" || exit 2
 # grade.py runs the suite with $PYTHON: unittest, or pytest if expected.json says so.
 grade run --expected "$TESTS_DIR"/expected.json --log "$LOGS_DIR"/tests.log --reward "$LOGS_DIR"/reward.txt \
     -- "$PYTHON"

@@ -4,11 +4,20 @@
         Kill every process of the test user (below). In a same-sandbox grading that user is
         the agent, so nothing the agent left running edits the tree while it is graded. Only
         in a pid namespace of its own (a sandbox, a container), never on a host.
+    python3 -I grade.py place TESTS_DIR
+        Put the verifier's tests (TESTS_DIR: /tests) in place of the work tree's: deleted,
+        emptied or edited test files, or an __init__.py or conftest.py of the agent's, do not
+        count. TESTS_DIR/suite/ is the repository's tests/ tree, or, when expected.json names
+        "test_dirs", the test directories at their own paths with the conftest.py files above
+        them (place_suite); without suite/, TESTS_DIR/test_*.py go to tests/. A directory on the
+        way that the agent made a link (or a file) becomes a real one: nothing is followed.
     python3 -I grade.py run --expected EXPECTED.json --log LOG --reward REWARD -- PYTHON
         Run the suite in tests/ with PYTHON as the test user, with its output in LOG: unittest's
         verbose run, or pytest's when EXPECTED.json says "runner": "pytest" (RUNNERS). Then
         write REWARD: 1 only if every test that EXPECTED.json names (FAIL_TO_PASS and
         PASS_TO_PASS, SWE-bench's keys) is reported passed by a run that reached its summary.
+        With "test_dirs", unittest discovers each of them (its package's top level found by
+        walking up the __init__.py files) in one run, and pytest collects them.
         Skipped, expected failure, failure, error, missing, a run that died early: 0.
         The exit code plays no part. Exits 0 when the reward is 1, else 1.
 
@@ -30,6 +39,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -51,12 +61,48 @@ RUNNERS = {      # what follows the interpreter, run in the repository with the 
     "pytest": ["-I", "-B", "-m", "pytest", "-rA", "--tb=native", "-p", "no:cacheprovider", "-c", "/dev/null",
                "--rootdir", ".", "--confcutdir", "tests", "tests"],
 }
+# unittest over several test directories in one run (unittest discover takes one): each is discovered with
+# its package's top level (the first directory up without an __init__.py), and one runner reports them all
+# as `unittest discover -v -b` does. Python 3.6 runs it.
+DISCOVER_DIRS = (
+    "import os, sys, unittest\n"
+    "suite = unittest.TestSuite()\n"
+    "for start in sys.argv[1:]:\n"
+    "    top = os.path.dirname(start)\n"
+    "    while top and os.path.isfile(os.path.join(top, '__init__.py')):\n"
+    "        top = os.path.dirname(top)\n"
+    "    suite.addTests(unittest.TestLoader().discover(start, top_level_dir=top or '.'))\n"
+    "sys.exit(not unittest.TextTestRunner(verbosity=2, buffer=True).run(suite).wasSuccessful())\n")
 INIT_PID_NS = 0xEFFFFFFC   # the inode of the kernel's initial pid namespace (PROC_PID_INIT_INO)
 
 
 def test_id(name, where):
     """unittest's id: 'pkg.mod.Class.test_x' (Python 3.11 prints it; earlier ones print 'pkg.mod.Class')."""
     return where if where.endswith("." + name) else f"{where}.{name}"
+
+
+def runner_command(runner, test_dirs=None):
+    """What follows the interpreter: RUNNERS's line, or with `test_dirs` (repository paths) the same runner
+    over those directories."""
+    if not test_dirs:
+        return list(RUNNERS[runner])
+    if runner == "pytest":
+        # conftest.py files above the test directories are the verifier's copies too (place_suite)
+        return RUNNERS["pytest"][:-3] + ["--confcutdir", ".", *test_dirs]
+    return ["-I", "-B", "-c", DISCOVER_DIRS, *test_dirs]
+
+
+def check_test_dirs(dirs):
+    """`dirs` as expected.json may name them: distinct relative paths inside the repository."""
+    if not isinstance(dirs, list) or not dirs or not all(isinstance(d, str) for d in dirs):
+        raise ValueError("test_dirs must be a non-empty list of directories")
+    for d in dirs:
+        parts = d.split("/")
+        if d.startswith("/") or any(p in ("", ".", "..") for p in parts) or d.startswith("-"):
+            raise ValueError(f"test_dirs: {d!r} is not a relative path inside the repository")
+    if len(set(dirs)) != len(dirs) or any(a != b and b.startswith(a + "/") for a in dirs for b in dirs):
+        raise ValueError(f"test_dirs: {dirs} repeat or nest")
+    return dirs
 
 
 def normalize(name):
@@ -80,6 +126,10 @@ def load_expected(path):
     out["runner"] = data.get("runner", "unittest")
     if out["runner"] not in RUNNERS:
         raise ValueError(f"{path}: runner must be one of {sorted(RUNNERS)}, got {out['runner']!r}")
+    try:
+        out["test_dirs"] = check_test_dirs(data["test_dirs"]) if "test_dirs" in data else None
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
     return out
 
 
@@ -206,6 +256,93 @@ def stop(user):
     raise SystemExit(f"grade.py: processes of uid {uid} survive SIGKILL: {processes_of(uid)}")
 
 
+def remove(path):
+    """`path` gone, whatever it is; a directory's links are removed, never followed."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
+def real_dirs(path):
+    """Each directory from the work tree down to `path` a real one: a link or a file on the way, the agent's,
+    is replaced by a directory (so nothing written below it lands elsewhere)."""
+    here = ""
+    for part in [p for p in path.split("/") if p]:
+        here = os.path.join(here, part)
+        try:
+            st = os.lstat(here)
+        except FileNotFoundError:
+            st = None
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            os.unlink(here)
+            st = None
+        if st is None:
+            os.mkdir(here, 0o755)
+
+
+def copy_in(source, target):
+    """The file `source` written at `target` (a relative path), its directories real ones first."""
+    real_dirs(os.path.dirname(target))
+    remove(target)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "wb") as out, open(source, "rb") as f:
+        shutil.copyfileobj(f, out)
+
+
+def place_suite(tests_dir, test_dirs):
+    """The work tree's test directories (and with `test_dirs`, every conftest.py above them) replaced by the
+    verifier's copies."""
+    suite = os.path.join(tests_dir, "suite")
+    if test_dirs is None:
+        dirs, into = ["tests"], "tests"
+    else:
+        dirs, into = test_dirs, ""
+    for d in dirs:
+        real_dirs(os.path.dirname(d))
+        remove(d)
+    if test_dirs is not None:
+        above = {""}
+        for d in dirs:
+            parts = d.split("/")
+            above.update("/".join(parts[:i]) for i in range(1, len(parts)))
+        for a in sorted(above):
+            remove(os.path.join(a, "conftest.py"))
+    if not os.path.isdir(suite):            # a task of the verifier's own test modules: tests/test_*.py
+        real_dirs("tests")
+        with open(os.path.join("tests", "__init__.py"), "wb"):
+            pass
+        for name in sorted(os.listdir(tests_dir)):
+            if name.startswith("test_") and name.endswith(".py"):
+                copy_in(os.path.join(tests_dir, name), os.path.join("tests", name))
+        return
+    for d in dirs:
+        real_dirs(d if into == "" else into)
+    for where, _, names in sorted(os.walk(suite)):
+        rel = os.path.relpath(where, suite)
+        for name in sorted(names):
+            target = os.path.normpath(os.path.join(into, rel, name))
+            copy_in(os.path.join(where, name), target)
+
+
+def place(tests_dir):
+    try:
+        expected = load_expected(os.path.join(tests_dir, "expected.json"))
+    except (OSError, ValueError) as e:
+        print(f"grade.py: cannot read the expected tests: {e}", file=sys.stderr)
+        return 2
+    try:
+        place_suite(tests_dir, expected["test_dirs"])
+    except OSError as e:
+        print(f"grade.py: cannot put the tests in place: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def run(expected_path, log_path, reward_path, python):
     write_reward(reward_path, 0)
     try:
@@ -217,7 +354,7 @@ def run(expected_path, log_path, reward_path, python):
     home = tempfile.mkdtemp(prefix="grade-home-")
     # PYTEST_ADDOPTS, PYTEST_PLUGINS: the run's options are RUNNERS's alone
     env = dict({k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}, HOME=home)
-    command = [python, *RUNNERS[expected["runner"]]]
+    command = [python, *runner_command(expected["runner"], expected["test_dirs"])]
     become = None
     if user is not None:
         os.chown(home, *user)
@@ -261,6 +398,8 @@ def main(argv):
     if argv[:1] == ["stop"] and len(argv) == 1:
         stop(test_user())
         return 0
+    if argv[:1] == ["place"] and len(argv) == 2:
+        return place(argv[1])
     if argv[:1] == ["run"] and "--" in argv:
         opts, python = argv[1:argv.index("--")], argv[argv.index("--") + 1:]
         keys = {opts[i]: opts[i + 1] for i in range(0, len(opts) - 1, 2)}

@@ -38,6 +38,7 @@ def test_test_directories_wherever_they_are_topmost_and_none_beside_the_source()
     assert dirs({**pkg, "pkg/a/tests/test_a.py": T, "pkg/b/tests/b_test.py": T, "pkg/b/tests/helpers.py": b"",
                  "pkg/c/tests/data.txt": b""}) == ("pkg/a/tests", "pkg/b/tests")      # c/tests holds no test
     assert dirs({**pkg, "tests/unit/tests/test_a.py": T}) == ("tests",)
+    assert dirs({**pkg, "test/testlex.py": T}) == ("test",)        # unittest discover's test*.py, in a test dir
     beside = {**pkg, "pkg/test_core.py": T, "pkg/testing.py": b""}
     assert dirs(beside) == () and "directories named tests or test" in find(beside).found_by
     with pytest.raises(SourceError, match=r"no tests found \(directories named tests or test holding"):

@@ -3,12 +3,12 @@
 pytest's configuration comes first when the project has one with `testpaths` (pytest.ini, pyproject.toml's
 [tool.pytest.ini_options], tox.ini's [pytest], setup.cfg's [tool:pytest]: the first of these that has a
 pytest section is the one pytest reads, as pytest chooses its inifile): only test modules below those
-paths count. Either way a test module (`test_*.py`, `*_test.py`, `test.py`, `tests.py`) belongs to the
-topmost directory on its path named `tests` or `test`, or else to the testpath it lies under; that
-directory, whole, is a test directory: its helpers, data and conftest.py files are the suite's, never
-mutated, and the verifier puts its copy back before grading. Test modules beside the source
-(`pkg/test_x.py`, outside any such directory) are not part of the suite: their directory holds code a
-bug can be put in.
+paths count. Either way a test module (`test_*.py`, `*_test.py`, `test.py`, `tests.py`, and in a
+directory named tests or test whatever unittest's `test*.py` takes) belongs to the topmost directory on
+its path named `tests` or `test`, or else to the testpath it lies under; that directory, whole, is a test
+directory: its helpers, data and conftest.py files are the suite's, never mutated, and the verifier puts
+its copy back before grading. Test modules beside the source (`pkg/test_x.py`, outside any such
+directory) are not part of the suite: their directory holds code a bug can be put in.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ TEST_DIR_NAMES = frozenset({"tests", "test"})
 # pytest's test_*.py and *_test.py, and test.py, tests.py (which unittest's test*.py takes too; testing.py,
 # which it also takes, is more often a helper module of the code)
 TEST_MODULE = re.compile(r"(?:test_[^/]*|[^/]*_test|tests?)\.py")
+# unittest discover's default pattern: what it runs in a test directory (testlex.py)
+DISCOVERED = re.compile(r"test[^/]*\.py")
 # pytest's inifile, in the order it looks for one at the root, each with the section that makes it one
 PYTEST_CONFIGS = (("pytest.ini", "pytest"), ("pyproject.toml", "tool.pytest.ini_options"),
                   ("tox.ini", "pytest"), ("setup.cfg", "tool:pytest"))
@@ -100,7 +102,8 @@ def _under(rel: str, path: str) -> bool:
 def find(files: dict[str, bytes]) -> TestLayout:
     """The project's test directories; `dirs` is empty when it has none (check_layout refuses it, naming
     what `found_by` says was searched)."""
-    modules = [rel for rel in files if TEST_MODULE.fullmatch(rel.rpartition("/")[2])]
+    modules = [rel for rel in files if TEST_MODULE.fullmatch(rel.rpartition("/")[2])
+               or (DISCOVERED.fullmatch(rel.rpartition("/")[2]) and TEST_DIR_NAMES.intersection(rel.split("/")[:-1]))]
     configured = testpaths(files)
     roots: list[str] = []
     if configured:

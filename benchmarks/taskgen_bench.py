@@ -21,7 +21,13 @@ Default sources: tests/data/mutations/listkit (vendored) and more-itertools 10.5
 
 With --one-set, the sources (default: SET, six real projects from the index) make one data set with one
 command, --n tasks from each, in the first mode, twice from scratch: it prints each project's kept
-fraction, refusals and spread, and checks that the two runs made the same tasks byte for byte.
+fraction, refusals, spread and test layout (where its tests live: LAYOUTS are projects whose tests are
+not in tests/), and checks that the two runs made the same tasks byte for byte.
+
+With --history NAME==V1,V2,..., the releases' sdists (from the index) are committed in order into a git
+repository, one commit each, and `agentrl tasks generate commits` makes train tasks from that history in
+the first mode, trying every candidate: it prints the commits, the candidates, the kept and why the rest
+were not, tasks per hour, and checks each kept task (oracle 1, no-op 0).
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ SOURCES = [str(ROOT / "tests/data/mutations/listkit"), "more-itertools==10.5.0"]
 # Six real projects of different shapes whose unittest suites run in seconds (docs/tasks.md)
 SET = ["more-itertools==10.5.0", "cachetools==5.5.0", "pycparser==2.22", "idna==3.10", "markdown==3.7",
        "pyasn1==0.6.1"]
+# Real projects whose tests live elsewhere than tests/ (docs/tasks.md, "Where the tests are")
+LAYOUTS = ["pyflakes==3.2.0", "pytz==2024.2", "simplejson==3.19.3", "zope.interface==7.1.1", "ply==3.11"]
 TALLY = re.compile(r"^(?P<name>\S+): built (?P<built>\d+), kept (?P<kept>\d+) \(\d+ wanted\), "
                    r"refused \d+ \((?P<reasons>[^)]*)\)", re.MULTILINE)
 
@@ -84,14 +92,16 @@ def generate(sources: list[str], n: int, mode: tuple[str, int], out: Path) -> di
 
 def spread(out: Path, project: str | None = None) -> dict:
     """FAIL_TO_PASS tests per task and the lines each fix changes (of `project`'s tasks, or all)."""
-    f2p, lines = [], []
+    f2p, lines, layout = [], [], ""
     for task in sorted(p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")):
         if project is not None and f'project = "{project}"' not in (task / "task.toml").read_text():
             continue
-        f2p.append(len(json.loads((task / "tests" / "expected.json").read_text())["FAIL_TO_PASS"]))
+        expected = json.loads((task / "tests" / "expected.json").read_text())
+        f2p.append(len(expected["FAIL_TO_PASS"]))
+        layout = " ".join(expected.get("test_dirs", ["tests"]))
         patch = (task / "solution" / "solve.sh").read_text()
         lines.append(sum(1 for line in patch.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")))
-    return {"tasks": len(f2p), "fail_to_pass": summary(f2p), "fix_lines": summary(lines)}
+    return {"tasks": len(f2p), "fail_to_pass": summary(f2p), "fix_lines": summary(lines), "layout": layout}
 
 
 def summary(xs: list[int]) -> dict:
@@ -125,18 +135,97 @@ def one_set(sources: list[str], n: int, mode: tuple[str, int], work: Path) -> di
 
 
 def format_set(r: dict) -> str:
-    lines = [f"{'project':24s} {'built':>6s} {'kept':>5s} {'kept %':>7s} {'tasks':>6s}  refused; FAIL_TO_PASS and fix "
-             "lines per task (min/median/max)"]
+    lines = [f"{'project':24s} {'built':>6s} {'kept':>5s} {'kept %':>7s} {'tasks':>6s}  test directories; refused; "
+             "FAIL_TO_PASS and fix lines per task (min/median/max)"]
     for p in r["projects"]:
         f, x = p["fail_to_pass"], p["fix_lines"]
         lines.append(f"{p['project'][:24]:24s} {p['built']:6d} {p['kept']:5d} {p['kept_fraction']:7.0%} "
-                     f"{p['tasks']:6d}  {p['refused'] or 'none'}; {f['min']}/{f['median']}/{f['max']}; "
+                     f"{p['tasks']:6d}  {p['layout']}; {p['refused'] or 'none'}; {f['min']}/{f['median']}/{f['max']}; "
                      f"{x['min']}/{x['median']}/{x['max']}")
     lines.append(f"{r['tasks']} tasks in {r['wall_s'][0]:.0f} s ({r['mode']}): {r['candidates_per_h']} candidates/h, "
                  f"{r['tasks_per_h']} tasks/h; made again from scratch in {r['wall_s'][1]:.0f} s "
                  f"(ratio {r['wall_s'][1] / r['wall_s'][0]:.2f}): the same tasks byte for byte: "
                  f"{r['same_tasks_twice']}")
     return "\n".join(lines)
+
+
+COMMITS_READ = re.compile(r"^(?P<name>\S+): (?P<commits>\d+) commits, (?P<candidates>\d+) candidates, "
+                          r"(?P<split>\d+) of them train; not candidates: (?P<skipped>.*)$", re.MULTILINE)
+COMMITS_TALLY = re.compile(r"^\S+: tried (?P<tried>\d+) of \d+, kept (?P<kept>\d+) \(\d+ wanted\), refused \d+ "
+                           r"\((?P<reasons>[^)]*)\)$", re.MULTILINE)
+
+
+def counts(text: str) -> dict[str, int]:
+    return {k: int(v) for k, v in (part.rsplit(" ", 1) for part in text.split(", ") if part != "none")}
+
+
+def release_history(spec: str, repo: Path) -> int:
+    """NAME==V1,V2,...: each release's sdist committed in order into a new git repository at `repo`."""
+    from agentrl.swe.mutate.project import from_requirement
+
+    name, _, versions = spec.partition("==")
+    if not name or not versions:
+        raise SystemExit(f"taskgen_bench: --history NAME==V1,V2,..., got {spec!r}")
+    env = {**os.environ, "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@example.com",
+           "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "bench@example.com",
+           "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
+    shutil.rmtree(repo, ignore_errors=True)
+    repo.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    for version in versions.split(","):
+        project = from_requirement(f"{name}=={version}")
+        for old in [p for p in repo.iterdir() if p.name != ".git"]:
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
+        for rel, data in project.files.items():
+            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+            (repo / rel).write_bytes(data)
+        subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True, env=env)
+        subprocess.run(["git", "-C", str(repo), "commit", "-q", "--allow-empty", "-m", f"{name} {version}"],
+                       check=True, env=env)
+        print(f"  {name} {version}: {len(project.files)} files", flush=True)
+    return len(versions.split(","))
+
+
+def history(spec: str, mode: tuple[str, int], work: Path) -> dict:
+    """Train tasks from a history of releases: every candidate tried (an --n past what it holds), then the kept
+    ones written (their results reused) and checked."""
+    repo = work / "history"
+    releases = release_history(spec, repo)
+    base = [sys.executable, "-m", "agentrl.cli", "tasks", "generate", "commits", "--source", str(repo), "--split",
+            "train", "--seed", "0", "--out", str(work / "history-tasks"), "--jobs", str(mode[1])]
+    t0 = time.monotonic()
+    r = subprocess.run([*base, "--n", "100000"], capture_output=True, text=True, cwd=ROOT)
+    wall = time.monotonic() - t0
+    read, tallies = COMMITS_READ.search(r.stderr), list(COMMITS_TALLY.finditer(r.stderr))
+    if read is None or not tallies:
+        raise SystemExit(f"taskgen_bench: {' '.join(base)} printed no progress:\n{r.stderr[-2000:]}")
+    last = tallies[-1]
+    kept = int(last["kept"])
+    report = {"benchmark": "taskgen-history", "history": spec, "releases": releases, "commits": int(read["commits"]),
+              "candidates": int(read["candidates"]), "train_candidates": int(read["split"]),
+              "not_candidates": counts(read["skipped"]), "tried": int(last["tried"]), "kept": kept,
+              "refused": counts(last["reasons"]), "wall_s": round(wall, 1),
+              "tasks_per_h": round(kept / wall * 3600, 1), "candidates_per_h": round(int(last["tried"]) / wall * 3600)}
+    if kept:
+        made = subprocess.run([*base, "--n", str(kept)], capture_output=True, text=True, cwd=ROOT)
+        if made.returncode != 0:
+            raise SystemExit(f"taskgen_bench: writing the {kept} kept tasks failed:\n{made.stderr[-2000:]}")
+        checked = subprocess.run([sys.executable, "-m", "agentrl.cli", "tasks", "check", str(work / "history-tasks"),
+                                  "--json"], capture_output=True, text=True, cwd=ROOT)
+        tasks = json.loads(checked.stdout.strip().splitlines()[-1])["tasks"]
+        report["oracle_1_noop_0"] = sum(t["oracle_reward"] == 1.0 and t["noop_reward"] == 0.0 for t in tasks)
+        report.update(spread(work / "history-tasks"))
+    return report
+
+
+def format_history(r: dict) -> str:
+    return (f"{r['history'].split('==')[0]}: {r['releases']} releases committed in order; {r['commits']} commits, "
+            f"{r['candidates']} candidates ({r['train_candidates']} train); not candidates: {r['not_candidates']}\n"
+            f"tried {r['tried']}, kept {r['kept']}, refused {r['refused']}; in {r['wall_s']:.0f} s: "
+            f"{r['candidates_per_h']} candidates/h, {r['tasks_per_h']} tasks/h"
+            + (f"\nkept tasks through tasks check: {r['oracle_1_noop_0']} of {r['kept']} oracle 1 and no-op 0; "
+               f"FAIL_TO_PASS per task {r['fail_to_pass']}; lines the fix changes {r['fix_lines']}"
+               if r["kept"] else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, help="where the tasks go (default: a temporary directory, removed)")
     p.add_argument("--one-set", action="store_true", help="the sources as one data set, --n from each, made twice "
                    "(default sources: six real projects, SET)")
+    p.add_argument("--history", metavar="NAME==V1,V2,...", help="tasks from a history of these releases, committed "
+                   "in order (the commits family)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     try:
@@ -157,6 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.n < 1:
         p.error(f"--n must be at least 1, got {args.n}")
     work = args.work or Path(tempfile.mkdtemp(prefix="agentrl-taskgen-"))
+    if args.history:
+        report = history(args.history, modes[0], work)
+        print(json.dumps(report) if args.json else format_history(report))
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+        return 0
     if args.one_set:
         report = one_set(args.source or SET, args.n, modes[0], work)
         print(json.dumps(report) if args.json else format_set(report))

@@ -50,3 +50,4 @@ def test_one_set_from_two_projects_is_made_twice_the_same_and_reported_per_proje
         assert row["tasks"] == 1 and row["built"] >= row["kept"] >= 1
         assert row["kept_fraction"] == round(row["kept"] / row["built"], 3)
         assert row["built"] == row["kept"] + sum(row["refused"].values())
+        assert row["layout"] == "tests"                  # where each project's tests are, from its task

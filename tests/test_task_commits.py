@@ -168,8 +168,30 @@ def test_what_the_commits_family_does_not_take_is_refused_by_name(tmp_path, caps
     base = ["tasks", "generate", "commits", "--n", "1", "--split", "train", "--out", str(tmp_path / "out")]
     for extra, said in (([], "--source"), (["--source", str(tmp_path / "nowhere")], "a git checkout's history"),
                         (["--source", str(LISTKIT), "--hints"], "--hints: not for the commits family yet"),
-                        (["--source", str(LISTKIT), "--slurm"], "--slurm: not for the commits family yet")):
+                        (["--source", str(LISTKIT), "--with", "pytest"], "--with: not for the commits family yet")):
         assert main([*base, *extra]) == 2
         assert said in capsys.readouterr().err
     assert main([*base, "--source", str(LISTKIT)]) == 1          # a directory, but no checkout of its own
     assert "not the top of a git checkout" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.slurm
+@needs_bwrap
+def test_commits_validated_as_slurm_arrays_make_the_same_task(tmp_path, slurm_env):
+    repo, _ = history(tmp_path)
+    [fix, _] = read_history(repo, "listkit")[0]
+    args = ["tasks", "generate", "commits", "--source", str(repo), "--n", "1", "--split", split_of(fix.key),
+            "--test-timeout", "5"]
+    local = subprocess.run([sys.executable, "-m", "agentrl.cli", *args, "--out", str(tmp_path / "local")],
+                           capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert local.returncode == 0, local.stderr
+    r = subprocess.run([sys.executable, "-m", "agentrl.cli", *args, "--out", str(tmp_path / "slurm"), "--slurm",
+                        "--parallelism", "2"], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                       env={**slurm_env, "AGENTRL_PYTHON": sys.executable})
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("validation runs as job") >= 2, r.stderr       # a commit's clean runs, then its candidate
+
+    def tree(out: str) -> dict[str, bytes]:
+        return {p.relative_to(tmp_path / out).as_posix(): p.read_bytes() for p in sorted((tmp_path / out).rglob("*"))
+                if p.is_file() and ".mutations" not in p.parts}
+    assert tree("slurm") == tree("local") != {}

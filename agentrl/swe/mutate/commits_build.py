@@ -2,7 +2,8 @@
 
 Each source's candidates (commits.read_history) of the split (`generate.split_of` of the commit's key) are
 shuffled by random.Random("commits/PROJECT/SPLIT/SEED") and validated in that order, --jobs commits at
-once, each in its own sandboxes (its clean tree is its commit's: build.judge_candidates, the result files under
+once (with --slurm, --parallelism commits, each as job arrays of its own), each in its own sandboxes
+(its clean tree is its commit's: build.judge_candidates, the result files under
 --out/.mutations/PROJECT@SHA-DIGEST/, so a run cut short resumes), until the source's share of --n is
 kept. A commit whose own tests do not pass is refused (`clean-fails`), as is one whose undone change
 is the same patch as an earlier kept one's (`duplicate`). Tasks are named commits-SPLIT-sSEED-INDEX.
@@ -46,7 +47,7 @@ class OneCommit:
 def check(opts: Options) -> None:
     """What the commits family does not take (yet), refused by name."""
     given = [flag for flag, on in (("--with", any(opts.requirements)), ("--hints", opts.hints is not None),
-                                   ("--slurm", opts.slurm), ("--base-image", opts.base_image is not None)) if on]
+                                   ("--base-image", opts.base_image is not None)) if on]
     if given:
         raise Refused(f"{', '.join(given)}: not for the commits family yet (docs/tasks.md, 'Tasks from history'); "
                       "drop it, or use the mutations family")
@@ -111,10 +112,12 @@ def generate(opts: Options, progress: Callable[[str], None] = lambda s: None) ->
         kept: list[Judged] = []
         refused: Counter = Counter()
         tried = 0
-        with ThreadPoolExecutor(max_workers=opts.jobs) as pool:
-            # --jobs commits at once, judged in order: the kept set is the same whatever --jobs
+        width = opts.parallelism if opts.slurm else opts.jobs
+        with ThreadPoolExecutor(max_workers=width) as pool:
+            # `width` commits at once (with --slurm, each its own arrays), judged in order: the kept set is the
+            # same whatever the width
             while len(kept) < quota and tried < len(mine):
-                window = mine[tried:tried + opts.jobs]
+                window = mine[tried:tried + width]
                 for outcome in pool.map(lambda c: _judge(c, opts), window):
                     tried += 1
                     if isinstance(outcome, str):

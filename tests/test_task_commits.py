@@ -168,7 +168,8 @@ def test_what_the_commits_family_does_not_take_is_refused_by_name(tmp_path, caps
     base = ["tasks", "generate", "commits", "--n", "1", "--split", "train", "--out", str(tmp_path / "out")]
     for extra, said in (([], "--source"), (["--source", str(tmp_path / "nowhere")], "a git checkout's history"),
                         (["--source", str(LISTKIT), "--hints"], "--hints: not for the commits family yet"),
-                        (["--source", str(LISTKIT), "--with", "pytest"], "--with: not for the commits family yet")):
+                        (["--source", str(LISTKIT), "--with", "pytest", "--image-cache", str(tmp_path)],
+                         "--with: not for the commits family yet")):
         assert main([*base, *extra]) == 2
         assert said in capsys.readouterr().err
     assert main([*base, "--source", str(LISTKIT)]) == 1          # a directory, but no checkout of its own

@@ -221,3 +221,11 @@ def test_tasks_from_four_layouts_validated_graded_and_the_in_package_one_against
     hacks = json.loads(r.stdout.strip().splitlines()[-1])["hacks"]
     assert r.returncode == 0 and sorted(h["hack"] for h in hacks) == sorted(chosen)
     assert [h for h in hacks if h["reward"] != 0.0 or h["problem"]] == []
+
+
+def test_a_message_names_the_loader_over_several_test_directories_not_its_code():
+    from agentrl.swe.mutate.build import shown_command
+
+    command = gen.suite_command("python3", "unittest", find({"test/test_a.py": b"", "pkg/tests/test_b.py": b""}))
+    assert shown_command(command) == "python3 -I -B -c <grade.py's DISCOVER_DIRS> pkg/tests test"
+    assert shown_command(gen.suite_command("python3")) == "python3 -I -B -m unittest discover -v -b -s tests -t ."

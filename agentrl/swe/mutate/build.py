@@ -199,6 +199,14 @@ def _run(project: Project, work: Path, opts: Options, spec, todo: list[Job], wor
                  scratch=opts.scratch, cache=ImageCache(opts.image_cache) if opts.image_cache else None)
 
 
+def shown_command(command: list[str]) -> str:
+    """A suite's command line for a message: unittest's loader over several test directories by its name."""
+    if "-c" in command:
+        at = command.index("-c")
+        command = [*command[:at], "-c", "<grade.py's DISCOVER_DIRS>", *command[at + 2:]]
+    return " ".join(command)
+
+
 def _clean(project: Project, work: Path, opts: Options, spec, environment: RequirementsImage | None) -> Baseline:
     path = work / "clean.json"
     if read_result(path) is None:
@@ -211,7 +219,7 @@ def _clean(project: Project, work: Path, opts: Options, spec, environment: Requi
         where = (f"in its image, with {', '.join(environment.requirements)} installed" if environment else
                  "nothing installed")
         raise SourceError(f"{project.name}: no test passes on the clean tree, run as the grader runs it "
-                          f"({' '.join(spec.eval_command)} in the repository, {where}): {said[-800:]}\nMake the "
+                          f"({shown_command(spec.eval_command)} in the repository, {where}): {said[-800:]}\nMake the "
                           f"suite pass that way (a third-party dependency of the tests: --with it after the "
                           f"--source; pytest-style tests: --with pytest), or choose another source")
     return base

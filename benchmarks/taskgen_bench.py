@@ -21,8 +21,8 @@ Default sources: tests/data/mutations/listkit (vendored) and more-itertools 10.5
 
 With --one-set, the sources (default: SET, six real projects from the index) make one data set with one
 command, --n tasks from each, in the first mode, twice from scratch: it prints each project's kept
-fraction, refusals, spread and test layout (where its tests live: LAYOUTS are projects whose tests are
-not in tests/), and checks that the two runs made the same tasks byte for byte.
+fraction, refusals, spread and test layout (where its tests live), and checks that the two runs made the
+same tasks byte for byte. --layouts makes that set from LAYOUTS, real projects whose tests are not in tests/.
 
 With --history NAME==V1,V2,..., the releases' sdists (from the index) are committed in order into a git
 repository, one commit each, and `agentrl tasks generate commits` makes train tasks from that history in
@@ -54,7 +54,8 @@ SOURCES = [str(ROOT / "tests/data/mutations/listkit"), "more-itertools==10.5.0"]
 SET = ["more-itertools==10.5.0", "cachetools==5.5.0", "pycparser==2.22", "idna==3.10", "markdown==3.7",
        "pyasn1==0.6.1"]
 # Real projects whose tests live elsewhere than tests/ (docs/tasks.md, "Where the tests are")
-LAYOUTS = ["pyflakes==3.2.0", "pytz==2024.2", "simplejson==3.19.3", "zope.interface==7.1.1", "ply==3.11"]
+# (PKG/test, PKG/tests twice, src/PKG/*/tests, test/; ply 3.11's test/ modules run unittest.main() on import)
+LAYOUTS = ["pyflakes==3.2.0", "pytz==2024.2", "simplejson==3.19.3", "zope.interface==7.1.1", "pyelftools==0.31"]
 TALLY = re.compile(r"^(?P<name>\S+): built (?P<built>\d+), kept (?P<kept>\d+) \(\d+ wanted\), "
                    r"refused \d+ \((?P<reasons>[^)]*)\)", re.MULTILINE)
 
@@ -237,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, help="where the tasks go (default: a temporary directory, removed)")
     p.add_argument("--one-set", action="store_true", help="the sources as one data set, --n from each, made twice "
                    "(default sources: six real projects, SET)")
+    p.add_argument("--layouts", action="store_true", help="--one-set from LAYOUTS, projects whose tests are not "
+                   "in tests/")
     p.add_argument("--history", metavar="NAME==V1,V2,...", help="tasks from a history of these releases, committed "
                    "in order (the commits family)")
     p.add_argument("--json", action="store_true")
@@ -254,8 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
         return 0
-    if args.one_set:
-        report = one_set(args.source or SET, args.n, modes[0], work)
+    if args.layouts and (args.source or args.history):
+        p.error("--layouts is a set of its own (LAYOUTS): leave out --source and --history")
+    if args.one_set or args.layouts:
+        report = one_set(args.source or (LAYOUTS if args.layouts else SET), args.n, modes[0], work)
         print(json.dumps(report) if args.json else format_set(report))
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)

@@ -99,6 +99,14 @@ def test_what_a_commit_is_as_a_candidate():
                                                                                    "tests/test_core.py": None})
     assert [candidate("p", x) for x in (only_code, only_docs, binary)] == ["no-test-change", "no-code-change",
                                                                            "binary"]
+    # Beside the code, a changelog, a .gitignore, docs' conf.py and setup.py: they stay as C has them
+    others = {"CHANGES": b"x fixed\n", ".gitignore": b".tox/\n", "docs/conf.py": b"release = '2'\n",
+              "setup.py": b"version = '2'\n"}
+    docs_too = Commit("c" * 40, "b" * 40, "m", {**files, **others},
+                      {"pkg/core.py": b"X = 1\n", "tests/test_core.py": None, **dict.fromkeys(others)})
+    c = candidate("p", docs_too)
+    assert not isinstance(c, str) and c.code == ("pkg/core.py",)
+    assert c.fix() == file_patch("pkg/core.py", b"X = 1\n", b"X = 2\n")
 
 
 def test_the_history_read_back_with_gits_plumbing(tmp_path):

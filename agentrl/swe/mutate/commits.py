@@ -3,8 +3,10 @@ SWE-rebench make them: a commit that changes both the code and its tests is a ca
 
 For a commit C with one parent P, its changed files split into tests (C's test directories, suite.py, and
 any test module) and the rest. The candidate's project is C's tree: its clean runs are C's tests on C's
-code. Its "bug" is the commit's non-test change undone (a patch from C back to P on those files), so the
-task's repository is P's code with C's tests, and the solution is the commit's own change to the code.
+code. Its "bug" is the commit's change to the code undone (its Python modules outside the tests, docs,
+setup.py and examples, as a mutant's: a patch from C back to P on those files), so the task's repository is
+P's code with C's tests and C's other files (docs, data, packaging), and the solution is the commit's own
+change to the code.
 The same verdicts as a mutant's decide it (verdict.judge): FAIL_TO_PASS are the tests that pass at C and
 fail on P's code, PASS_TO_PASS pass both ways; refused when the undone change breaks the suite (a test
 module that imports what P lacks), when no passing test fails, when only flaky ones do, or as a duplicate.
@@ -24,7 +26,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .project import MAX_PROJECT_BYTES, Project, SourceError, _skipped
+from .project import MAX_PROJECT_BYTES, NOT_MUTATED, Project, SourceError, _skipped
 from .suite import looks_like_test
 
 SKIPS = ("merge", "root", "no-test-change", "no-code-change", "binary", "too-large")
@@ -45,7 +47,7 @@ class CommitCandidate:
     key: str
     commit: Commit
     project: Project                  # C's tree, named PROJECT@SHORT
-    code: tuple[str, ...]             # the non-test files C changed: the fix
+    code: tuple[str, ...]             # the code C changed (Project.mutable's kind of file): the fix
     tests: tuple[str, ...]            # the test files C changed
 
     @property
@@ -89,8 +91,11 @@ def candidate(name: str, commit: Commit) -> CommitCandidate | str:
     project = Project(f"{name}@{commit.sha[:10]}", commit.files)
     layout = project.tests
     tests = tuple(rel for rel in changed if layout.holds(rel) or looks_like_test(rel))
-    code = tuple(rel for rel in changed if rel not in tests)
-    if not any(rel.endswith(".py") for rel in code):
+    # The fix is the code a bug can live in, as a mutant's (not docs, setup.py or examples): the tests cannot
+    # ask for a changelog line or a version bump, and a solution holding such generic lines is found "leaked"
+    # wherever they lie (`tasks check --leaks`)
+    code = tuple(rel for rel in changed if rel not in tests and rel.endswith(".py") and not NOT_MUTATED.match(rel))
+    if not code:
         return "no-code-change"
     if not tests:
         return "no-test-change"

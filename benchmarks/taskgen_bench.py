@@ -25,9 +25,11 @@ fraction, refusals, spread and test layout (where its tests live), and checks th
 same tasks byte for byte. --layouts makes that set from LAYOUTS, real projects whose tests are not in tests/.
 
 With --history NAME==V1,V2,..., the releases' sdists (from the index) are committed in order into a git
-repository, one commit each, and `agentrl tasks generate commits` makes train tasks from that history in
-the first mode, trying every candidate: it prints the commits, the candidates, the kept and why the rest
-were not, tasks per hour, and checks each kept task (oracle 1, no-op 0).
+repository, one commit each (or --history CHECKOUT: a git checkout's own history), and `agentrl tasks
+generate commits` makes train tasks from that history in the first mode, trying every candidate: it
+prints the commits, the candidates, the kept and why the rest were not, tasks per hour, checks each kept
+task (oracle 1, no-op 0), and runs the scripted teacher on the kept commits made with --hints fix (its
+pass rate, and whether it passed exactly its right draws).
 """
 
 from __future__ import annotations
@@ -190,8 +192,11 @@ def release_history(spec: str, repo: Path) -> int:
 def history(spec: str, mode: tuple[str, int], work: Path) -> dict:
     """Train tasks from a history of releases: every candidate tried (an --n past what it holds), then the kept
     ones written (their results reused) and checked."""
-    repo = work / "history"
-    releases = release_history(spec, repo)
+    if Path(spec).is_dir():         # a checkout with a history of its own
+        repo, releases = Path(spec), None
+    else:
+        repo = work / "history"
+        releases = release_history(spec, repo)
     base = [sys.executable, "-m", "agentrl.cli", "tasks", "generate", "commits", "--source", str(repo), "--split",
             "train", "--seed", "0", "--out", str(work / "history-tasks"), "--jobs", str(mode[1])]
     t0 = time.monotonic()
@@ -216,17 +221,65 @@ def history(spec: str, mode: tuple[str, int], work: Path) -> dict:
         tasks = json.loads(checked.stdout.strip().splitlines()[-1])["tasks"]
         report["oracle_1_noop_0"] = sum(t["oracle_reward"] == 1.0 and t["noop_reward"] == 0.0 for t in tasks)
         report.update(spread(work / "history-tasks"))
+        report["teacher"] = teacher_on(base, kept, work)
     return report
 
 
+def teacher_on(base: list[str], kept: int, work: Path, accuracy: float = 0.5, attempts: int = 2) -> dict:
+    """The kept commits made again with --hints fix (their validation's result files reused), then the
+    scripted teacher on them through `agentrl eval` (builtin agent, bwrap): its pass rate, and whether it
+    passed exactly the attempts it drew right."""
+    from agentrl.eval.score import attempt_seed
+    from agentrl.models.tiny import make_tiny_model
+    from agentrl.swe.teacher import Teacher
+
+    hinted = work / "history-hints"
+    shutil.rmtree(hinted, ignore_errors=True)
+    hinted.mkdir(parents=True)
+    shutil.copytree(work / "history-tasks" / ".mutations", hinted / ".mutations")
+    args = [*base[:base.index("--out")], "--out", str(hinted), *base[base.index("--out") + 2:]]
+    made = subprocess.run([*args, "--n", str(kept), "--hints", "fix"], capture_output=True, text=True, cwd=ROOT)
+    if made.returncode != 0:
+        raise SystemExit(f"taskgen_bench: the kept commits with --hints fix:\n{made.stderr[-2000:]}")
+    pool = {"harness": "builtin", "prompt_style": "instruction", "max_agents": 2, "max_booting": 2, "lease_s": 120,
+            # an instruction carries a release's patch: tens of kB
+            "adapter": {"max_new_tokens": 256, "max_context": 131072}}
+    config = work / "teacher.yaml"
+    config.write_text(json.dumps({"eval": {"tasks": str(hinted), "n_samples": attempts, "seed": 0,
+                                           "engine": "teacher", "teacher_accuracy": accuracy, "pool": pool}}))
+    model = make_tiny_model(work / "tiny-model")
+    out = work / "teacher-eval"
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "eval", str(model), "--config", str(config), "--out",
+                        str(out)], capture_output=True, text=True, cwd=ROOT)
+    if r.returncode != 0:
+        raise SystemExit(f"taskgen_bench: the teacher's eval failed:\n{r.stderr[-2000:]}")
+    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    teacher = Teacher(accuracy, seed=0)
+    right = [teacher.mistake(attempt_seed(0, x["task"], x["attempt"])) is None for x in results]
+    passed = [x["reward"] == 1.0 for x in results]
+    return {"accuracy": accuracy, "attempts": len(results), "passed": sum(passed),
+            "pass_at_1": round(sum(passed) / len(results), 3), "right_plans": sum(right),
+            "right_passed": sum(p and ok for p, ok in zip(passed, right, strict=True)),
+            "mistakes_failed": sum(not p and not ok for p, ok in zip(passed, right, strict=True)),
+            "wall_s": round(time.monotonic() - t0, 1)}
+
+
 def format_history(r: dict) -> str:
-    return (f"{r['history'].split('==')[0]}: {r['releases']} releases committed in order; {r['commits']} commits, "
+    what = (f"{r['history'].split('==')[0]}: {r['releases']} releases committed in order" if r["releases"]
+            else f"{r['history']}: its own history")
+    return (f"{what}; {r['commits']} commits, "
             f"{r['candidates']} candidates ({r['train_candidates']} train); not candidates: {r['not_candidates']}\n"
             f"tried {r['tried']}, kept {r['kept']}, refused {r['refused']}; in {r['wall_s']:.0f} s: "
             f"{r['candidates_per_h']} candidates/h, {r['tasks_per_h']} tasks/h"
             + (f"\nkept tasks through tasks check: {r['oracle_1_noop_0']} of {r['kept']} oracle 1 and no-op 0; "
                f"FAIL_TO_PASS per task {r['fail_to_pass']}; lines the fix changes {r['fix_lines']}"
-               if r["kept"] else ""))
+               if r["kept"] else "")
+            + (f"\nthe scripted teacher (accuracy {t['accuracy']}) with --hints fix: pass@1 {t['pass_at_1']} "
+               f"({t['passed']} of {t['attempts']}); right plans passed {t['right_passed']} of {t['right_plans']}, "
+               f"mistakes failed {t['mistakes_failed']} of {t['attempts'] - t['right_plans']}; {t['wall_s']:.0f} s"
+               if (t := r.get("teacher")) else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -241,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layouts", action="store_true", help="--one-set from LAYOUTS, projects whose tests are not "
                    "in tests/")
     p.add_argument("--history", metavar="NAME==V1,V2,...", help="tasks from a history of these releases, committed "
-                   "in order (the commits family)")
+                   "in order, or from a git checkout's own history (the commits family)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     try:

@@ -12,11 +12,17 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from agentrl.cli import main
+from agentrl.eval.score import attempt_seed
 from agentrl.swe.generate import split_of
 from agentrl.swe.mutate.commits import Commit, candidate, file_patch, read_history
+from agentrl.swe.mutate.issue import patch_hint
 from agentrl.swe.mutate.project import SourceError
+from agentrl.swe.teacher import Teacher
+
+pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 LISTKIT = ROOT / "tests/data/mutations/listkit"
@@ -107,6 +113,7 @@ def test_what_a_commit_is_as_a_candidate():
     c = candidate("p", docs_too)
     assert not isinstance(c, str) and c.code == ("pkg/core.py",)
     assert c.fix() == file_patch("pkg/core.py", b"X = 1\n", b"X = 2\n")
+    assert patch_hint(c.code, None) == "The change is in `pkg/core.py`."          # --hints location
 
 
 def test_the_history_read_back_with_gits_plumbing(tmp_path):
@@ -172,10 +179,36 @@ def test_tasks_from_history_validated_graded_reproducible_and_without_their_answ
     assert ("breaks-suite 1" in said) == (split_of(found[1].key) == split)
 
 
+@needs_bwrap
+def test_the_teacher_applies_the_patch_a_fix_hint_gives_right_exactly_when_it_is(tmp_path, tiny_model):
+    """--hints fix: the files and the commit's patch in the instruction; the scripted teacher (its patch plan)
+    solves the task through the real loop when its draw is right, and fails it on each mistake."""
+    repo, _ = history(tmp_path)
+    [fix, _] = read_history(repo, "listkit")[0]
+    tasks = tmp_path / "tasks"
+    assert main(["tasks", "generate", "commits", "--source", str(repo), "--n", "1", "--split", split_of(fix.key),
+                 "--seed", "0", "--test-timeout", "5", "--hints", "fix", "--out", str(tasks)]) == 0
+    [task] = sorted(tasks.glob("commits-*"))
+    said = (task / "instruction.md").read_text()
+    assert "The change is in `listkit/chunks.py`." in said and f"```diff\n{fix.fix().decode()}```" in said
+    pool = {"harness": "builtin", "prompt_style": "instruction", "max_agents": 2, "max_booting": 2,
+            "adapter": {"max_new_tokens": 96, "max_context": 8192}, "lease_s": 60}
+    cfg = tmp_path / "teach.yaml"
+    cfg.write_text(yaml.safe_dump({"eval": {"tasks": str(tasks), "n_samples": 6, "seed": 1, "engine": "teacher",
+                                            "teacher_accuracy": 0.5, "pool": pool}}))
+    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "eval", str(tiny_model), "--config", str(cfg),
+                        "--out", str(tmp_path / "teacher")], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = [json.loads(line) for line in (tmp_path / "teacher/results.jsonl").read_text().splitlines()]
+    teacher = Teacher(0.5, seed=1)
+    right = [teacher.mistake(attempt_seed(1, res["task"], res["attempt"])) is None for res in results]
+    assert len(results) == 6 and 0 < sum(right) < 6
+    assert [res["reward"] for res in results] == [1.0 if ok else 0.0 for ok in right], results
+
+
 def test_what_the_commits_family_does_not_take_is_refused_by_name(tmp_path, capsys):
     base = ["tasks", "generate", "commits", "--n", "1", "--split", "train", "--out", str(tmp_path / "out")]
     for extra, said in (([], "--source"), (["--source", str(tmp_path / "nowhere")], "a git checkout's history"),
-                        (["--source", str(LISTKIT), "--hints"], "--hints: not for the commits family yet"),
                         (["--source", str(LISTKIT), "--with", "pytest", "--image-cache", str(tmp_path)],
                          "--with: not for the commits family yet")):
         assert main([*base, *extra]) == 2

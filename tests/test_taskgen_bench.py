@@ -51,3 +51,24 @@ def test_one_set_from_two_projects_is_made_twice_the_same_and_reported_per_proje
         assert row["kept_fraction"] == round(row["kept"] / row["built"], 3)
         assert row["built"] == row["kept"] + sum(row["refused"].values())
         assert row["layout"] == "tests"                  # where each project's tests are, from its task
+
+
+def test_history_reports_its_candidates_the_kept_and_the_teacher_on_them_as_measured(tmp_path):
+    from test_task_commits import history  # listkit's history: one fix, one feature, four no candidates
+
+    repo, _ = history(tmp_path / "repo")
+    p = subprocess.run([sys.executable, "-m", "benchmarks.taskgen_bench", "--history", str(repo), "--modes",
+                        "local:2", "--work", str(tmp_path / "w"), "--json"], capture_output=True, text=True,
+                       timeout=900, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert (r["commits"], r["candidates"], r["releases"]) == (6, 2, None)
+    assert r["not_candidates"] == {"merge": 1, "root": 1, "no-test-change": 1, "no-code-change": 1}
+    assert r["tried"] == r["train_candidates"] and r["tried"] == r["kept"] + sum(r["refused"].values())
+    assert r["kept"] >= 1 and r["oracle_1_noop_0"] == r["kept"] == r["tasks"]
+    assert r["tasks_per_h"] == pytest.approx(r["kept"] / r["wall_s"] * 3600, rel=0.05)    # wall_s is rounded
+    t = r["teacher"]
+    assert t["attempts"] == 2 * r["kept"] and t["pass_at_1"] == round(t["passed"] / t["attempts"], 3)
+    # it passes exactly its right draws: a teacher whose patch plan broke would fail them
+    assert t["right_passed"] == t["right_plans"] == t["passed"]
+    assert t["mistakes_failed"] == t["attempts"] - t["right_plans"]

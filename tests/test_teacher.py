@@ -20,7 +20,19 @@ import yaml
 from agentrl.eval.score import attempt_seed
 from agentrl.swe import generate as gen
 from agentrl.swe.families import pyfix_hint
-from agentrl.swe.teacher import FIX, MINI_SUBMIT, MINI_TEXT_BLOCK, MISTAKES, PROTOCOLS, READ, Teacher, plan, protocol
+from agentrl.swe.mutate.issue import patch_hint
+from agentrl.swe.teacher import (
+    FIX,
+    FIX_PATCH,
+    MINI_SUBMIT,
+    MINI_TEXT_BLOCK,
+    MISTAKES,
+    PROTOCOLS,
+    READ,
+    Teacher,
+    plan,
+    protocol,
+)
 from agentrl.train.sft import load_samples
 
 pytestmark = pytest.mark.integration
@@ -67,6 +79,23 @@ def test_only_the_right_plan_runs_the_fix():
                 for m in (None, *MISTAKES)}
     assert commands[None][:2] == [READ, FIX]
     assert all(FIX not in c for m in MISTAKES for c in commands[m])
+
+
+def test_a_statement_with_a_patch_gets_the_patch_plan_and_its_command_applies_that_patch(tmp_path):
+    teacher = Teacher(1.0)
+    start = "<|im_start|>user\nRead PROBLEM_STATEMENT.md<|im_end|>\n<|im_start|>assistant\n"
+    patch = b"--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-X = 1\n+X = 2\n"
+    statement = f"A test fails:\n\n```\ntrace\n```\n\n{patch_hint(('x.py',), patch)}\n\nfix the code\n"
+    read = start + f"x<|im_end|>\n<|im_start|>user\n{statement}<|im_end|>\n<|im_start|>assistant\n"
+    command = teacher.reply(read, 0)["tool_calls"][0]["function"]["arguments"]["command"]
+    assert command == FIX_PATCH and teacher.reply(start, 0) == plan(None)[0]      # READ first, either way
+    assert teacher.reply(read.replace("```diff", "```"), 0) == plan(None)[1]       # no patch: the sed plan
+    (tmp_path / "PROBLEM_STATEMENT.md").write_text(statement)
+    (tmp_path / "x.py").write_text("X = 1\n")
+    subprocess.run(["bash", "-c", command], cwd=tmp_path, check=True)
+    assert (tmp_path / "x.py").read_text() == "X = 2\n"
+    dry = plan("dry-run", "tool", FIX_PATCH)[1]["tool_calls"][0]["function"]["arguments"]["command"]
+    assert subprocess.run(["bash", "-c", dry], cwd=tmp_path, capture_output=True).stdout == patch
 
 
 def test_the_teacher_answers_in_the_protocol_its_prompt_asks_for():

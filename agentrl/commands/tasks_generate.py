@@ -62,7 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--hints", nargs="?", const="location", choices=HINTS, default=None,
                    help="what the instruction tells of the bug: location (the default of a bare --hints), its file "
                         "and function; fix, also its line and the sed command that makes the fix, as the pyfix-hint "
-                        "family's (for the scripted teacher and the learning bench; only one-line fixes qualify)")
+                        "family's (for the scripted teacher and the learning bench; only one-line fixes qualify). "
+                        "For commits: the files the fix changes, and with fix the commit's patch")
     m.add_argument("--clean-runs", type=int, default=3, help="runs of the clean tree, to find flaky tests (default 3)")
     m.add_argument("--test-timeout", type=float, default=20.0,
                    help="seconds one run of a project's suite may take; a mutant past it is refused (default 20)")

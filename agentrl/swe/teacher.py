@@ -34,6 +34,7 @@ from hpc.inference.generation import GenerateRequest, generate_reply
 from ..harness.mini_swe_agent import SUBMIT as MINI_SUBMIT
 from ..harness.prompts import PROBLEM_FILE
 from ..models.tiny import assistant_text
+from .mutate.issue import PATCH_FENCE
 
 TURN_START = "<|im_start|>assistant\n"
 USER_START = "<|im_start|>user\n"
@@ -43,6 +44,9 @@ READ = f"cat {PROBLEM_FILE}"
 # a model of a million parameters trained for minutes does not learn to copy a span (measured: see
 # docs/learning.md). `sh` without the pipe is the dry run: the command printed, not run.
 FIX = f"grep -o 'sed -i [^`]*' {PROBLEM_FILE} | sh"
+# A commit's task gives its fix as a patch between PATCH_FENCE and the next fence (issue.patch_hint); GNU
+# sed's \x60 is the backquote, kept out of the command so that no protocol's own fences meet it.
+FIX_PATCH = f"sed -n '/^\\x60\\x60\\x60diff$/,/^\\x60\\x60\\x60$/{{//!p}}' {PROBLEM_FILE} | git apply"
 LOOK = "grep -n '' */*.py"      # every line of the package and its tests, numbered, with the file's name
 TEST = "python3 -m unittest"
 PROTOCOLS = ("tool", "mini", "mini_text")
@@ -69,8 +73,9 @@ def protocol(prompt: str) -> str:
     return "mini" if MINI_SUBMIT in prompt else "tool"
 
 
-def plan(mistake: str | None, protocol: str = "tool") -> list[dict[str, Any]]:
-    """The teacher's assistant turns for one attempt; mistake None is the right repair."""
+def plan(mistake: str | None, protocol: str = "tool", fix: str = FIX) -> list[dict[str, Any]]:
+    """The teacher's assistant turns for one attempt; mistake None is the right repair, `fix` its command (the
+    dry run is its first part, before the last pipe: the fix printed, not made)."""
     if mistake not in (None, *MISTAKES):
         raise ValueError(f"unknown mistake {mistake!r}: one of {MISTAKES} or None")
     if protocol not in PROTOCOLS:
@@ -78,7 +83,7 @@ def plan(mistake: str | None, protocol: str = "tool") -> list[dict[str, Any]]:
     if mistake == "no-edit":
         commands, last = [READ, LOOK, TEST], "The tests pass; nothing to change."
     else:
-        commands, last = [READ, FIX.removesuffix(" | sh") if mistake == "dry-run" else FIX, LOOK, TEST], "Done."
+        commands, last = [READ, fix.rsplit(" | ", 1)[0] if mistake == "dry-run" else fix, LOOK, TEST], "Done."
     if protocol == "tool":
         return [*map(_bash, commands), _say(last)]
     # mini-swe-agent ends a session only at its submit command: a reply without an action is a format error
@@ -102,7 +107,9 @@ class Teacher:
         user = prompt.find(USER_START)
         if user < 0 or PROBLEM_FILE not in prompt[user:]:
             return _say(f"The teacher acts on tasks given in {PROBLEM_FILE} (prompt_style: instruction) only.")
-        turns = plan(self.mistake(sampling_seed), protocol(prompt))
+        # The statement is in the prompt once READ has run, which is before the fix in every plan
+        fix = FIX_PATCH if PATCH_FENCE in prompt[user:] else FIX
+        turns = plan(self.mistake(sampling_seed), protocol(prompt), fix)
         done = prompt[user:].count(TURN_START) - 1      # the generation prompt is the last one
         return turns[min(max(done, 0), len(turns) - 1)]
 

@@ -46,7 +46,7 @@ class OneCommit:
 
 def check(opts: Options) -> None:
     """What the commits family does not take (yet), refused by name."""
-    given = [flag for flag, on in (("--with", any(opts.requirements)), ("--hints", opts.hints is not None),
+    given = [flag for flag, on in (("--with", any(opts.requirements)),
                                    ("--base-image", opts.base_image is not None)) if on]
     if given:
         raise Refused(f"{', '.join(given)}: not for the commits family yet (docs/tasks.md, 'Tasks from history'); "
@@ -56,9 +56,9 @@ def check(opts: Options) -> None:
             raise Refused(f"--source {source}: the commits family reads a git checkout's history: name its directory")
 
 
-def draft(name: str, c: CommitCandidate, v: Verdict, failures: dict[str, str]) -> Draft:
+def draft(name: str, c: CommitCandidate, v: Verdict, failures: dict[str, str], hints: str | None = None) -> Draft:
     """The task: P's code with C's tests (C's tree, its code change undone), the commit's message and its failing
-    tests as the instruction."""
+    tests as the instruction; `hints` adds the files the fix changes ("location"), and the fix ("fix")."""
     repo = task_repository(c.project)
     for rel in c.code:
         before = c.commit.before[rel]
@@ -67,7 +67,8 @@ def draft(name: str, c: CommitCandidate, v: Verdict, failures: dict[str, str]) -
         else:
             repo[rel] = before
     message = "\n".join(f"> {line}".rstrip() for line in c.commit.message.splitlines()) or "> (no message)"
-    said = issue.instruction(name, v.fail_to_pass, failures)
+    hint = issue.patch_hint(c.code, c.fix() if hints == "fix" else None) if hints else None
+    said = issue.instruction(name, v.fail_to_pass, failures, hint)
     return Draft(
         key=c.key,
         instruction=f"The change this repository needs, as its author described it:\n\n{message}\n\n{said}",
@@ -138,7 +139,7 @@ def generate(opts: Options, progress: Callable[[str], None] = lambda s: None) ->
                               "--n, or give a checkout with more history (commits that change code and tests)")
         for c, v, failures in kept:
             index = len(tasks)
-            d = draft(name, c, v, failures)
+            d = draft(name, c, v, failures, opts.hints)
             files = layout(task_name(FAMILY, opts.split, opts.seed, index), d, FAMILY, opts.split, opts.seed,
                            issue.solve_sh(c.fix(), "the commit's own change to the code"), suite=c.project.tests)
             tasks.append((task_name(FAMILY, opts.split, opts.seed, index), files))

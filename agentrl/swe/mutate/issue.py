@@ -3,7 +3,8 @@
 The instruction is what a user who ran the tests would report: which tests fail and what the first
 one printed (its traceback cut to the test's own frames by verdict.failure_excerpts), never where
 the bug is unless `hints` asks: "location" names its file and function; "fix" also gives the line
-and the sed command that makes the fix, as the pyfix-hint family's instructions do, so that the
+and the sed command that makes the fix, as the pyfix-hint family's instructions do (a commit's task:
+its files, and the whole patch in a diff block, patch_hint), so that the
 scripted teacher (agentrl/swe/teacher.py) and a policy learning from it can act on a real
 project's task. The solution is the inverse of the mutant's patch, applied with `git apply` (a
 plain patch outside a repository), so it changes the lines the bug changed and no others. The rest
@@ -39,6 +40,18 @@ def instruction(project: str, fail_to_pass: tuple[str, ...], failures: dict[str,
         parts += [hint, ""]
     parts.append("The tests say what the code should do: fix the code, not the tests, so that they pass.")
     return "\n".join(parts) + "\n"
+
+
+PATCH_FENCE = "```diff"
+
+
+def patch_hint(files: tuple[str, ...], patch: bytes | None) -> str:
+    """A commit's hint: the files its fix changes, and with `patch` the fix itself between PATCH_FENCE and a
+    closing fence (no line of a patch is either: each starts with its kind), for the scripted teacher."""
+    hint = f"The change is in {', '.join(f'`{f}`' for f in files)}."
+    if patch is not None:
+        hint += f"\nThe fix, as `git apply` takes it:\n\n{PATCH_FENCE}\n{patch.decode()}```"
+    return hint
 
 
 def solve_sh(inverse: bytes, what: str = "the inverse of the injected bug's patch") -> bytes:

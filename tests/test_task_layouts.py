@@ -59,6 +59,14 @@ def test_pytests_testpaths_choose_where_to_look_from_the_file_pytest_reads():
     assert dirs({**files, "pyproject.toml": b"[project]\nname = 'p'\n", "setup.cfg": b"[tool:pytest]\ntestpaths = "
                  b"testing\n"}) == ("testing",)
     assert dirs({**files, "pyproject.toml": b"not = [toml\n"}) == ("src/lib/tests", "tests")
+    # python_files: the project's own module patterns, in place of test_*.py and *_test.py
+    checks = {"pkg/__init__.py": b"", "pkg/core.py": b"X = 1\n", "checks/check_core.py": T, "spec/core_spec.py": T}
+    layout = find({**checks, "pyproject.toml": b'[tool.pytest.ini_options]\ntestpaths = ["checks", "spec"]\n'
+                   b'python_files = ["check_*.py"]\n'})
+    assert layout.dirs == ("checks",) and "python_files in pyproject.toml (check_*.py)" in layout.found_by
+    assert dirs({**checks, "tests/check_x.py": T, "setup.cfg": b"[tool:pytest]\npython_files = check_*.py\n"}) \
+        == ("tests",)
+    assert dirs({**checks, "tests/check_x.py": T}) == ()               # pytest's defaults would not collect it
 
 
 def test_the_suite_is_never_mutated_and_each_test_directory_becomes_a_package():

@@ -3,8 +3,9 @@
 pytest's configuration comes first when the project has one with `testpaths` (pytest.ini, pyproject.toml's
 [tool.pytest.ini_options], tox.ini's [pytest], setup.cfg's [tool:pytest]: the first of these that has a
 pytest section is the one pytest reads, as pytest chooses its inifile): only test modules below those
-paths count. Either way a test module (`test_*.py`, `*_test.py`, `test.py`, `tests.py`, and in a
-directory named tests or test whatever unittest's `test*.py` takes) belongs to the topmost directory on
+paths count; its `python_files`, when set, are the test modules' patterns in place of the defaults.
+Either way a test module (`test_*.py`, `*_test.py`, `test.py`, `tests.py`, and in a directory named tests
+or test whatever unittest's `test*.py` takes) belongs to the topmost directory on
 its path named `tests` or `test`, or else to the testpath it lies under; that directory, whole, is a test
 directory: its helpers, data and conftest.py files are the suite's, never mutated, and the verifier puts
 its copy back before grading. Test modules beside the source (`pkg/test_x.py`, outside any such
@@ -63,9 +64,15 @@ class TestLayout:
             parent == "" or d.startswith(parent + "/") for d in self.dirs)
 
 
-def testpaths(files: dict[str, bytes]) -> tuple[list[str], str] | None:
-    """pytest's `testpaths` and the file that sets them, or None when the project's pytest configuration (if
-    it has one) sets none. A configuration pytest could not read is read as none: its own run would fail."""
+def pytest_options(files: dict[str, bytes]) -> tuple[dict[str, list[str]], str] | None:
+    """The options of pytest's configuration this module reads (testpaths, python_files: each a list, empty
+    when unset) and the file they come from, or None when the project has no pytest configuration. A
+    configuration pytest could not read is read as none: its own run would fail."""
+    def listed(value: object) -> list[str]:
+        if isinstance(value, str):
+            return value.split()
+        return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
     for name, section in PYTEST_CONFIGS:
         if name not in files:
             continue
@@ -77,21 +84,17 @@ def testpaths(files: dict[str, bytes]) -> tuple[list[str], str] | None:
                 continue
             if options is None:
                 continue
-            value = options.get("testpaths")
-            paths = [value] if isinstance(value, str) else [p for p in value or [] if isinstance(p, str)]
-        else:
-            parser = configparser.ConfigParser(interpolation=None)
-            try:
-                parser.read_string(text, source=name)
-            except configparser.Error:
-                continue
-            if not parser.has_section(section):
-                if name == "pytest.ini":    # pytest.ini is pytest's file even without the section
-                    return None
-                continue
-            paths = parser.get(section, "testpaths", fallback="").split()
-        paths = [p.strip("/").removeprefix("./") for p in paths]
-        return ([p for p in paths if p], name) if any(paths) else None
+            return {key: listed(options.get(key)) for key in ("testpaths", "python_files")}, name
+        parser = configparser.ConfigParser(interpolation=None)
+        try:
+            parser.read_string(text, source=name)
+        except configparser.Error:
+            continue
+        if not parser.has_section(section):
+            if name == "pytest.ini":    # pytest.ini is pytest's file even without the section
+                return {}, name
+            continue
+        return {key: parser.get(section, key, fallback="").split() for key in ("testpaths", "python_files")}, name
     return None
 
 
@@ -102,19 +105,28 @@ def _under(rel: str, path: str) -> bool:
 def find(files: dict[str, bytes]) -> TestLayout:
     """The project's test directories; `dirs` is empty when it has none (check_layout refuses it, naming
     what `found_by` says was searched)."""
-    modules = [rel for rel in files if TEST_MODULE.fullmatch(rel.rpartition("/")[2])
-               or (DISCOVERED.fullmatch(rel.rpartition("/")[2]) and TEST_DIR_NAMES.intersection(rel.split("/")[:-1]))]
-    configured = testpaths(files)
+    options, source = pytest_options(files) or ({}, "")
+    globs = options.get("python_files")
+
+    def test_module(rel: str) -> bool:
+        name = rel.rpartition("/")[2]
+        if globs:       # the project's own patterns, in place of pytest's defaults
+            return any(fnmatch.fnmatchcase(name, g) for g in globs)
+        return TEST_MODULE.fullmatch(name) is not None or (
+            DISCOVERED.fullmatch(name) is not None and bool(TEST_DIR_NAMES.intersection(rel.split("/")[:-1])))
+    modules = [rel for rel in files if test_module(rel)]
+    kind = (f"modules matching python_files in {source} ({' '.join(globs)})" if globs
+            else "test_*.py or *_test.py modules")
+    paths = [p for p in (p.strip("/").removeprefix("./") for p in options.get("testpaths", [])) if p]
     roots: list[str] = []
-    if configured:
-        paths, source = configured
+    if paths:
         known = {rel.rpartition("/")[0] for rel in files} | {""}
         dirs_of = {p: sorted(d for d in known if fnmatch.fnmatchcase(d, p)) or [p] for p in paths}
         chosen = [d for p in paths for d in dirs_of[p]]
         modules = [m for m in modules if any(_under(m, d) for d in chosen)]
-        found_by = f"pytest's testpaths in {source} ({' '.join(paths)})"
+        found_by = f"pytest's testpaths in {source} ({' '.join(paths)})" + (f", {kind}" if globs else "")
     else:
-        chosen, found_by = [], "directories named tests or test holding test_*.py or *_test.py modules"
+        chosen, found_by = [], f"directories named tests or test holding {kind}"
     for m in modules:
         parts = m.split("/")[:-1]
         named = next((i for i, p in enumerate(parts) if p in TEST_DIR_NAMES), None)

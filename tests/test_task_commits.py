@@ -12,15 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
+from test_teacher import teacher_attempts
 
 from agentrl.cli import main
-from agentrl.eval.score import attempt_seed
 from agentrl.swe.generate import split_of
 from agentrl.swe.mutate.commits import Commit, candidate, file_patch, read_history
 from agentrl.swe.mutate.issue import patch_hint
 from agentrl.swe.mutate.project import SourceError
-from agentrl.swe.teacher import Teacher
 
 pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 
@@ -191,19 +189,9 @@ def test_the_teacher_applies_the_patch_a_fix_hint_gives_right_exactly_when_it_is
     [task] = sorted(tasks.glob("commits-*"))
     said = (task / "instruction.md").read_text()
     assert "The change is in `listkit/chunks.py`." in said and f"```diff\n{fix.fix().decode()}```" in said
-    pool = {"harness": "builtin", "prompt_style": "instruction", "max_agents": 2, "max_booting": 2,
-            "adapter": {"max_new_tokens": 96, "max_context": 8192}, "lease_s": 60}
-    cfg = tmp_path / "teach.yaml"
-    cfg.write_text(yaml.safe_dump({"eval": {"tasks": str(tasks), "n_samples": 6, "seed": 1, "engine": "teacher",
-                                            "teacher_accuracy": 0.5, "pool": pool}}))
-    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "eval", str(tiny_model), "--config", str(cfg),
-                        "--out", str(tmp_path / "teacher")], capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-3000:]
-    results = [json.loads(line) for line in (tmp_path / "teacher/results.jsonl").read_text().splitlines()]
-    teacher = Teacher(0.5, seed=1)
-    right = [teacher.mistake(attempt_seed(1, res["task"], res["attempt"])) is None for res in results]
-    assert len(results) == 6 and 0 < sum(right) < 6
-    assert [res["reward"] for res in results] == [1.0 if ok else 0.0 for ok in right], results
+    rewards, right = teacher_attempts(tasks, tiny_model, tmp_path / "teacher", 6)
+    assert len(rewards) == 6 and 0 < sum(right) < 6
+    assert rewards == [1.0 if ok else 0.0 for ok in right]
 
 
 def test_what_the_commits_family_does_not_take_is_refused_by_name(tmp_path, capsys):

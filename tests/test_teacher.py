@@ -157,16 +157,23 @@ def test_the_teacher_fixes_a_real_projects_bug_from_its_fix_hint(tiny_model, tmp
     for task in sorted(tasks.glob("mutations-*")):
         said = (task / "instruction.md").read_text()
         assert re.search(r"`sed -i '\d+s/.+/' [\w/.]+` makes the fix", said) and "The bug is in `" in said, said
+    rewards, right = teacher_attempts(tasks, tiny_model, tmp_path / "teacher", 4)
+    assert len(rewards) == 12 and 0 < sum(right) < 12
+    assert rewards == [1.0 if ok else 0.0 for ok in right]
+
+
+def teacher_attempts(tasks: Path, model: Path, out: Path, n_samples: int) -> tuple[list[float], list[bool]]:
+    """`agentrl eval` of the scripted teacher (accuracy 0.5, seed 1) on TASKS with the builtin agent: each
+    attempt's reward, and whether the teacher drew the right plan for it."""
     pool = {"harness": "builtin", "prompt_style": "instruction", "max_agents": 2, "max_booting": 2,
             "adapter": {"max_new_tokens": 96, "max_context": 8192}, "lease_s": 60}
-    cfg = tmp_path / "teach.yaml"
-    cfg.write_text(yaml.safe_dump({"eval": {"tasks": str(tasks), "n_samples": 4, "seed": 1, "engine": "teacher",
-                                            "teacher_accuracy": 0.5, "pool": pool}}))
-    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "eval", str(tiny_model), "--config", str(cfg),
-                        "--out", str(tmp_path / "teacher")], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    cfg = out.with_suffix(".yaml")
+    cfg.write_text(yaml.safe_dump({"eval": {"tasks": str(tasks), "n_samples": n_samples, "seed": 1,
+                                            "engine": "teacher", "teacher_accuracy": 0.5, "pool": pool}}))
+    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "eval", str(model), "--config", str(cfg),
+                        "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
-    results = [json.loads(line) for line in (tmp_path / "teacher/results.jsonl").read_text().splitlines()]
+    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     teacher = Teacher(0.5, seed=1)
-    right = [teacher.mistake(attempt_seed(1, res["task"], res["attempt"])) is None for res in results]
-    assert len(results) == 12 and 0 < sum(right) < 12
-    assert [res["reward"] for res in results] == [1.0 if ok else 0.0 for ok in right], results
+    return ([res["reward"] for res in results],
+            [teacher.mistake(attempt_seed(1, res["task"], res["attempt"])) is None for res in results])

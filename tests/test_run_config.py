@@ -166,7 +166,6 @@ def test_routing_replay_is_refused_where_no_route_would_reach_the_trainer(tiny_m
         "each token's experts and keeps them in the samples)",
         "run.yaml: train.routing_replay needs inference.enable_return_routed_experts: true (the servers then "
         "return each token's experts: SGLang's --enable-return-routed-experts)"]
-    with pytest.raises(RunConfigError, match="train: routing_replay with backend: megatron: its weight conversion"):
-        load_run_config(config(tiny_moe_model, adapter=True, servers=True, backend="megatron"), tmp_path, "run.yaml")
-    cfg = load_run_config(config(tiny_moe_model, adapter=True, servers=True), tmp_path, "run.yaml")
-    assert cfg.train.routing_replay and cfg.pool.adapter.return_routed_experts
+    for backend in ("torch", "megatron"):       # megatron replays through megatron-core's router hook
+        cfg = load_run_config(config(tiny_moe_model, adapter=True, servers=True, backend=backend), tmp_path, "run.yaml")
+        assert cfg.train.routing_replay and cfg.pool.adapter.return_routed_experts and cfg.train.backend == backend

@@ -7,12 +7,13 @@
 #              export against the torch backend (test_on_a_gpu_without_patches), and the trainer loop
 #   server     the torch stand-in for SGLang with its forward pass on the GPU, answering as on the CPU
 #   learning   the learning CI test (tests/test_learning.py) with its trainer on the GPU
-#   moe        routing replay on the tiny MoE: the stand-in's bfloat16 forward and the torch trainer on the GPU
-#              (the Megatron backend trains no MoE yet: train.routing_replay refuses it, docs/train.md)
+#   moe        routing replay on the tiny MoE: the stand-in's bfloat16 forward and the torch trainer on the GPU,
+#              then the Megatron backend unpatched with replay: log-probs and a step against the torch
+#              backend's under the same routes, checkpoint and export
 #
 # No network is needed there: the Python packages the node's python3 lacks travel as wheels in
 # .gpu-wheels/ (make gpu-wheels, on a machine with network; about 6 MiB), installed under /tmp.
-# Each check has its time limit (150, 60, 360 and 60 s: under 11 minutes in all). Ends at once, exit 2,
+# Each check has its time limit (150, 60, 360 and 150 s: under 12 minutes in all). Ends at once, exit 2,
 # where there is no GPU. Exit 1 if a check failed; its log says why.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -78,5 +79,6 @@ check megatron 150 tests/test_train_megatron.py::test_on_a_gpu_without_patches \
   tests/test_train_megatron.py::test_the_trainer_loop_on_a_gpu_without_patches
 check server 60 tests/test_cpu_server.py::test_on_a_gpu_the_server_answers_as_on_the_cpu
 check learning 360 tests/test_learning.py
-check moe 60 tests/test_routing_replay_bench.py::test_on_a_gpu_replay_narrows_the_gap
+check moe 150 tests/test_routing_replay_bench.py::test_on_a_gpu_replay_narrows_the_gap \
+  tests/test_train_megatron_moe.py::test_on_a_gpu_replay_without_patches
 exit $failed

@@ -70,7 +70,7 @@ class TrainConfig(BaseModel):
     mismatch_warn: float | None = Field(default=0.05, gt=0)
     # An MoE model: the forward sends each token to the experts the sampler did (hpc/inference/routing.py), from
     # the routes the adapter recorded (needs pool.adapter.return_routed_experts and the servers' enable_return_
-    # routed_experts; agentrl launch checks). The torch backend only, for now.
+    # routed_experts; agentrl launch checks). Both backends: megatron through megatron-core's router replay hook.
     routing_replay: bool = False
     # checkpoints and weights
     save_every: int = Field(default=1, gt=0)             # rollouts between full checkpoints (state to resume)
@@ -90,10 +90,6 @@ class TrainConfig(BaseModel):
         if self.global_batch_size is not None and attempts % self.global_batch_size:
             raise ValueError(f"global_batch_size {self.global_batch_size} does not divide the rollout's "
                              f"{attempts} attempts (rollout_batch_size x n_samples_per_prompt)")
-        if self.routing_replay and self.backend == "megatron":
-            raise ValueError("routing_replay with backend: megatron: its weight conversion (megatron_convert.py) maps "
-                             "dense Qwen2-shaped models only, so no MoE model trains there yet (megatron-core 0.16's "
-                             "RouterReplay, moe_enable_routing_replay, is where replay would go); use backend: torch")
         if self.colocated and self.max_staleness:
             raise ValueError(f"max_staleness {self.max_staleness} with colocated: true: colocated servers release "
                              "their GPU memory while the trainer trains, so no rollout can run meanwhile; set "

@@ -1,4 +1,4 @@
-"""The megatron backend: a megatron-core GPTModel built from a Qwen2-shaped HF model, tensor-parallel.
+"""The megatron backend: a megatron-core GPTModel built from a Qwen2 or Qwen3-MoE HF model, tensor-parallel.
 
 TorchPolicy's interface, for models whose layers must be split over GPUs. Parallel sizes come from
 megatron-core's parallel state, which `init_model_parallel` sets up over the default process group.
@@ -24,11 +24,20 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from . import megatron_replay
 from .batch import RolloutBatch, StepPlan
 from .config import MegatronOptions, TrainConfig
-from .megatron_convert import HFWeights, hf_to_megatron, megatron_to_hf, rope_parameters, transformer_config_kwargs
+from .megatron_convert import (
+    HFWeights,
+    hf_to_megatron,
+    layer_spec_kwargs,
+    megatron_to_hf,
+    moe_experts,
+    rope_parameters,
+    transformer_config_kwargs,
+)
 from .step import grpo_micro_batches, reduce_over_ranks
-from .tensors import padded_tokens, response_slices
+from .tensors import padded_routes, padded_tokens, response_slices
 from .torch_backend import TOKENIZER_FILES
 
 
@@ -78,6 +87,8 @@ class MegatronPolicy:
         if self.hf_config.vocab_size % self.tp_size:
             raise ValueError(f"vocab_size {self.hf_config.vocab_size} does not split over tensor_parallel_size "
                              f"{self.tp_size}")
+        if cfg.routing_replay and not moe_experts(self.hf_config):
+            raise ValueError(f"train.routing_replay: the model at {model_dir} has no MoE layer: nothing to replay")
         hf_state = HFWeights(self.model_dir)
         self.module = self._build(hf_state)
         self.ref = None
@@ -97,8 +108,11 @@ class MegatronPolicy:
         from megatron.core.transformer import TransformerConfig
 
         hf, dtype = self.hf_config, torch.bfloat16 if self.options.bf16 else torch.float32
+        if moe_experts(hf):
+            _define_te_general_gemm()
         config = TransformerConfig(
-            **transformer_config_kwargs(hf), tensor_model_parallel_size=self.tp_size, params_dtype=dtype,
+            **transformer_config_kwargs(hf), moe_enable_routing_replay=self.cfg.routing_replay,
+            tensor_model_parallel_size=self.tp_size, params_dtype=dtype,
             bf16=self.options.bf16, use_cpu_initialization=not self.cuda,
             # Initialised although every weight is loaded next: only the initialisers mark weights as
             # tensor-parallel, and the gradient norm would count a split weight on one rank alone.
@@ -107,12 +121,14 @@ class MegatronPolicy:
             # gradients over data-parallel ranks, as the loss is already normalised over the whole step.
             bias_dropout_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
             apply_rope_fusion=False, gradient_accumulation_fusion=False, calculate_per_token_loss=True)
-        model = GPTModel(config, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=hf.vocab_size,
+        model = GPTModel(config, get_gpt_layer_local_spec(**layer_spec_kwargs(hf)), vocab_size=hf.vocab_size,
                          max_sequence_length=hf.max_position_embeddings, position_embedding_type="rope",
                          rotary_base=rope_parameters(hf)["rope_theta"],
                          share_embeddings_and_output_weights=hf.tie_word_embeddings)
         weights = hf_to_megatron(hf_state, hf, tp_rank=self.tp_rank, tp_size=self.tp_size)
         _load_exactly(model, weights)
+        if self.cfg.routing_replay:
+            megatron_replay.install(model)
         return model.to(self.device).train()
 
     # ------------------------------------------------------------ forward
@@ -122,7 +138,11 @@ class MegatronPolicy:
         from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
         ids = padded_tokens(batch, indices).to(self.device)
-        logits = self.logits(model, ids)[:, :-1].float() / self.cfg.rollout_temperature
+        routes = padded_routes(batch, indices) if self.cfg.routing_replay else None
+        # Routing replay: each MoE layer sends each token to the experts the sampler did (megatron_replay.py)
+        with megatron_replay.replay(model, None if routes is None else
+                                    megatron_replay.megatron_order(routes, len(indices)).to(self.device)):
+            logits = self.logits(model, ids)[:, :-1].float() / self.cfg.rollout_temperature
         logp = -vocab_parallel_cross_entropy(logits, ids[:, 1:])    # this rank's vocabulary shard suffices
         return response_slices(logp, batch, indices)
 
@@ -295,6 +315,15 @@ def _megatron_training(module: Any, cfg: TrainConfig, options: MegatronOptions) 
                         bf16=options.bf16, params_dtype=module.config.params_dtype,
                         use_distributed_optimizer=options.distributed_optimizer), [ddp])
     return ddp, _MegatronOptimizer(ddp, optimizer)
+
+
+def _define_te_general_gemm() -> None:
+    # megatron-core 0.16.1's MoE router reads moe_utils.te_general_gemm, which it imports from Transformer
+    # Engine and leaves undefined without it (a NameError at the first forward); None is its own "absent".
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
 
 
 # ---------------------------------------------------------------- weights

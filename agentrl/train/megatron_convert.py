@@ -1,13 +1,16 @@
-"""Qwen2-shaped Hugging Face checkpoints <-> megatron-core GPTModel (local spec), one tensor-parallel shard at a time.
+"""Hugging Face checkpoints <-> megatron-core GPTModel (local spec), one tensor-parallel shard at a time.
 
-Layouts that differ between the two (Megatron side per tensor-parallel rank):
+Two families: Qwen2 (dense, biases on q, k and v) and Qwen3-MoE (every layer a mixture of experts, q and
+k normalised per head, no biases). Layouts that differ between the two (Megatron side per tensor-parallel rank):
 
     q_proj, k_proj, v_proj  -> linear_qkv    rows grouped per query group: [q heads of group g; k_g; v_g] for
                                              each g, a rank holding a contiguous run of groups
-    gate_proj, up_proj      -> linear_fc1    [gate shard; up shard] (Megatron's GLU chunks fc1's output in two)
+    gate_proj, up_proj      -> linear_fc1    [gate shard; up shard] (Megatron's GLU chunks fc1's output in two),
+                                             the dense MLP's and each expert's (experts.E -> experts.local_experts.E)
     o_proj, down_proj       -> linear_proj, linear_fc2    split along the input dimension
     embed_tokens, lm_head   -> word_embeddings, output_layer    split along the vocabulary
-    norms                   -> replicated
+    norms, q_norm, k_norm   -> replicated (q_layernorm, k_layernorm)
+    mlp.gate (the router)   -> mlp.router, replicated
 
 Pipeline stages are not handled here: every function sees the whole stack of layers.
 """
@@ -28,8 +31,12 @@ _LAYER = {        # Megatron name within a layer -> (HF name within a layer, ten
     "input_layernorm.weight": ("input_layernorm.weight", None),
     "self_attention.linear_proj.weight": ("self_attn.o_proj.weight", COL_SPLIT),
     "pre_mlp_layernorm.weight": ("post_attention_layernorm.weight", None),
-    "mlp.linear_fc2.weight": ("mlp.down_proj.weight", COL_SPLIT),
 }
+_QK_NORMS = {
+    "self_attention.q_layernorm.weight": ("self_attn.q_norm.weight", None),
+    "self_attention.k_layernorm.weight": ("self_attn.k_norm.weight", None),
+}
+_ROUTER = {"mlp.router.weight": ("mlp.gate.weight", None)}
 
 
 class UnsupportedModel(ValueError):
@@ -63,9 +70,9 @@ class HFWeights(Mapping[str, Tensor]):
 
 
 def transformer_config_kwargs(hf: Any) -> dict[str, Any]:
-    """TransformerConfig arguments that make a GPTModel compute what the Qwen2-shaped HF config `hf` does."""
-    if hf.model_type != "qwen2":     # Llama lacks the q/k/v biases, Qwen3 adds q/k norms: other layouts
-        raise UnsupportedModel(f"only Qwen2 models are converted, got model_type={hf.model_type!r}")
+    """TransformerConfig arguments that make a GPTModel compute what the HF config `hf` does."""
+    if hf.model_type not in ("qwen2", "qwen3_moe"):     # Llama lacks the q/k/v biases, dense Qwen3 is untested
+        raise UnsupportedModel(f"only Qwen2 and Qwen3-MoE models are converted, got model_type={hf.model_type!r}")
     if getattr(hf, "use_sliding_window", False):
         raise UnsupportedModel("sliding-window attention is not converted (use_sliding_window is true)")
     rope = rope_parameters(hf)
@@ -74,14 +81,45 @@ def transformer_config_kwargs(hf: Any) -> dict[str, Any]:
         raise UnsupportedModel(f"only default rotary embeddings are converted, got rope_type={kind!r}")
     if getattr(hf, "hidden_act", "silu") != "silu":
         raise UnsupportedModel(f"only SwiGLU MLPs are converted, got hidden_act={hf.hidden_act!r}")
-    return dict(
+    kwargs = dict(
         num_layers=hf.num_hidden_layers, hidden_size=hf.hidden_size, ffn_hidden_size=hf.intermediate_size,
         num_attention_heads=hf.num_attention_heads, num_query_groups=hf.num_key_value_heads,
         kv_channels=head_dim(hf), layernorm_epsilon=hf.rms_norm_eps, normalization="RMSNorm",
         gated_linear_unit=True, activation_func=torch.nn.functional.silu,
-        add_bias_linear=False, add_qkv_bias=True,         # Qwen2: biases on q, k and v only
+        add_bias_linear=False, add_qkv_bias=qkv_bias(hf),
         hidden_dropout=0.0, attention_dropout=0.0,        # the policy's log-probs must be deterministic
     )
+    experts = moe_experts(hf)
+    if experts:
+        # Qwen3-MoE's router: a softmax over all experts, the top k, renormalised over them when norm_topk_prob.
+        # Megatron without pre-softmax takes the top k logits and their softmax: the same renormalised weights.
+        kwargs.update(qk_layernorm=True, num_moe_experts=experts, moe_router_topk=hf.num_experts_per_tok,
+                      moe_ffn_hidden_size=hf.moe_intermediate_size, moe_router_pre_softmax=not hf.norm_topk_prob,
+                      # the HF model's forward adds no load-balancing loss either (output_router_logits off)
+                      moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0,
+                      moe_token_dispatcher_type="allgather")
+    return kwargs
+
+
+def layer_spec_kwargs(hf: Any) -> dict[str, Any]:
+    """get_gpt_layer_local_spec's arguments for the HF config `hf` (after transformer_config_kwargs accepted it)."""
+    experts = moe_experts(hf)
+    return dict(normalization="RMSNorm", qk_layernorm=hf.model_type == "qwen3_moe",
+                **(dict(num_experts=experts, moe_grouped_gemm=False) if experts else {}))
+
+
+def moe_experts(hf: Any) -> int:
+    """Experts a layer of a Qwen3-MoE config (0 for a dense model); refused where some layers are dense."""
+    if hf.model_type != "qwen3_moe":
+        return 0
+    if list(getattr(hf, "mlp_only_layers", None) or ()) or (getattr(hf, "decoder_sparse_step", 1) or 1) != 1:
+        raise UnsupportedModel("only MoE models whose every layer is a mixture of experts are converted (got "
+                               f"mlp_only_layers={hf.mlp_only_layers}, decoder_sparse_step={hf.decoder_sparse_step})")
+    return int(getattr(hf, "num_experts", None) or hf.num_local_experts)
+
+
+def qkv_bias(hf: Any) -> bool:
+    return True if hf.model_type == "qwen2" else bool(getattr(hf, "attention_bias", False))
 
 
 def rope_parameters(hf: Any) -> dict[str, Any]:
@@ -95,6 +133,29 @@ def head_dim(hf: Any) -> int:
     return getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
 
 
+def _layer_tensors(hf: Any) -> dict[str, tuple[str, int | None]]:
+    """Within a layer: Megatron name -> (HF name, tensor-parallel split), for the tensors mapped one to one."""
+    names = dict(_LAYER)
+    experts = moe_experts(hf)
+    if hf.model_type == "qwen3_moe":
+        names.update(_QK_NORMS)
+    if experts:
+        names.update(_ROUTER)
+        names.update({f"mlp.experts.local_experts.{e}.linear_fc2.weight": (f"mlp.experts.{e}.down_proj.weight",
+                                                                            COL_SPLIT) for e in range(experts)})
+    else:
+        names["mlp.linear_fc2.weight"] = ("mlp.down_proj.weight", COL_SPLIT)
+    return names
+
+
+def _glu_inputs(hf: Any) -> list[tuple[str, str]]:
+    """Within a layer: (Megatron fc1 name, HF prefix of its gate_proj and up_proj) for each gated MLP."""
+    experts = moe_experts(hf)
+    if not experts:
+        return [("mlp.linear_fc1.weight", "mlp.")]
+    return [(f"mlp.experts.local_experts.{e}.linear_fc1.weight", f"mlp.experts.{e}.") for e in range(experts)]
+
+
 def hf_to_megatron(hf_state: Mapping[str, Tensor], hf: Any, *, tp_rank: int = 0, tp_size: int = 1) -> dict[str, Tensor]:
     """This tensor-parallel rank's GPTModel state dict (parameters only) from a full HF state dict."""
     def shard(t: Tensor, split: int | None) -> Tensor:
@@ -104,17 +165,19 @@ def hf_to_megatron(hf_state: Mapping[str, Tensor], hf: Any, *, tp_rank: int = 0,
            "decoder.final_layernorm.weight": hf_state["model.norm.weight"]}
     if not hf.tie_word_embeddings:
         out["output_layer.weight"] = shard(hf_state["lm_head.weight"], ROW_SPLIT)
+    tensors, glus = _layer_tensors(hf), _glu_inputs(hf)
     for i in range(hf.num_hidden_layers):
         src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
-        for mname, (hname, split) in _LAYER.items():
+        for mname, (hname, split) in tensors.items():
             out[dst + mname] = shard(hf_state[src + hname], split)
         attn = src + "self_attn."
-        for kind in ("weight", "bias"):
+        for kind in ("weight", "bias") if qkv_bias(hf) else ("weight",):
             q, k, v = (hf_state[f"{attn}{p}_proj.{kind}"] for p in "qkv")
             qkv = _fuse_qkv(q, k, v, hf)
             out[f"{dst}self_attention.linear_qkv.{kind}"] = shard(qkv, ROW_SPLIT)
-        gate, up = (shard(hf_state[f"{src}mlp.{p}_proj.weight"], ROW_SPLIT) for p in ("gate", "up"))
-        out[dst + "mlp.linear_fc1.weight"] = torch.cat([gate, up])
+        for fc1, mlp in glus:
+            gate, up = (shard(hf_state[f"{src}{mlp}{p}_proj.weight"], ROW_SPLIT) for p in ("gate", "up"))
+            out[dst + fc1] = torch.cat([gate, up])
     return out
 
 
@@ -127,16 +190,18 @@ def megatron_to_hf(tp_shards: Sequence[Mapping[str, Tensor]], hf: Any) -> dict[s
            "model.norm.weight": whole("decoder.final_layernorm.weight", None)}
     if not hf.tie_word_embeddings:
         out["lm_head.weight"] = whole("output_layer.weight", ROW_SPLIT)
+    tensors, glus = _layer_tensors(hf), _glu_inputs(hf)
     for i in range(hf.num_hidden_layers):
         src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
-        for mname, (hname, split) in _LAYER.items():
+        for mname, (hname, split) in tensors.items():
             out[dst + hname] = whole(src + mname, split)
-        for kind in ("weight", "bias"):
+        for kind in ("weight", "bias") if qkv_bias(hf) else ("weight",):
             q, k, v = _split_qkv(whole(f"{src}self_attention.linear_qkv.{kind}", ROW_SPLIT), hf)
             out.update({f"{dst}self_attn.{p}_proj.{kind}": t for p, t in zip("qkv", (q, k, v), strict=True)})
-        halves = [s[src + "mlp.linear_fc1.weight"].chunk(2) for s in tp_shards]
-        out[dst + "mlp.gate_proj.weight"] = torch.cat([gate for gate, _ in halves])
-        out[dst + "mlp.up_proj.weight"] = torch.cat([up for _, up in halves])
+        for fc1, mlp in glus:
+            halves = [s[src + fc1].chunk(2) for s in tp_shards]
+            out[f"{dst}{mlp}gate_proj.weight"] = torch.cat([gate for gate, _ in halves])
+            out[f"{dst}{mlp}up_proj.weight"] = torch.cat([up for _, up in halves])
     return out
 
 

@@ -62,10 +62,10 @@ def flag_value(options: list[str], flag: str) -> str:
 def test_registry_and_unknown_names():
     assert {n: h.protocol for n, h in HARNESSES.items()} == {
         "claude_code": "anthropic", "qwen_code": "openai", "codex": "openai", "mini_swe_agent": "openai",
-        "mini_swe_agent_text": "openai", "codebuddy": "openai", "builtin": "openai"}
+        "mini_swe_agent_text": "openai", "codebuddy": "openai", "opencode": "openai", "builtin": "openai"}
     assert all(get_harness(n).name == n for n in HARNESSES)
     with pytest.raises(ValueError, match="builtin, claude_code, codebuddy, codex, mini_swe_agent, "
-                                         "mini_swe_agent_text, qwen_code"):
+                                         "mini_swe_agent_text, opencode, qwen_code"):
         get_harness("aider")
 
 
@@ -79,13 +79,14 @@ def test_a_run_refuses_nonsense(change, error):
 
 
 # The default each harness sets that a user may want to replace: a flag on argv and a variable in env.
-# Codex and mini-swe-agent keep the model in their config file, which a --model flag beats.
+# Codex, mini-swe-agent and OpenCode keep the model in their config file, which a --model flag beats.
 OVERRIDABLE = {"claude_code": ("--model", "CLAUDE_CODE_MAX_OUTPUT_TOKENS"),
                "qwen_code": ("--model", "QWEN_CODE_MAX_OUTPUT_TOKENS"),
                "codex": ("--model", "CODEX_HOME"),
                "mini_swe_agent": ("--model", "OPENAI_API_KEY"),
                "mini_swe_agent_text": ("--model", "LITELLM_LOCAL_MODEL_COST_MAP"),
                "codebuddy": ("--model", "CODEBUDDY_API_KEY"),
+               "opencode": ("--model", "OPENCODE_CONFIG"),
                "builtin": ("--max-tokens", "OPENAI_API_KEY")}
 
 
@@ -127,6 +128,9 @@ def max_output(name: str, run: HarnessRun) -> int:
         return int(cmd.env["QWEN_CODE_MAX_OUTPUT_TOKENS"])
     if name == "codebuddy":
         return json.loads(cmd.files[f"{run.home}/.codebuddy/models.json"])["models"][0]["maxOutputTokens"]
+    if name == "opencode":
+        return json.loads(cmd.files[f"{run.home}/.config/opencode/opencode.json"])["provider"]["agentrl"]["models"][
+            run.model]["limit"]["output"]
     if name.startswith("mini_swe_agent"):
         return json.loads(cmd.files[f"{run.home}/.config/mini-swe-agent/agentrl.yaml"])["model"]["model_kwargs"][
             "max_tokens"]

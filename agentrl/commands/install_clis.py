@@ -7,6 +7,7 @@ they run when a tools directory lacks the CLIs: the pins and the readiness check
 from __future__ import annotations
 
 import argparse
+import platform
 import sys
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from ..harness.install import (
     QWEN_BIN,
     clis_ready,
     npm_install,
+    opencode_bin,
     pinned_cli_packages,
     place_atomically,
 )
@@ -44,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     except HarnessInstallError as e:
         print(f"install_agent_clis: {e}", file=sys.stderr)
         return 1
-    for program in (CLAUDE_BIN, QWEN_BIN, CODEX_BIN, f"{MINI_DIR}/{PYTHON} {mini}/{LAUNCHER}"):
+    for program in (CLAUDE_BIN, QWEN_BIN, CODEX_BIN, opencode_bin(platform.machine()),
+                    f"{MINI_DIR}/{PYTHON} {mini}/{LAUNCHER}"):
         print(dest / program)
     return 0

@@ -9,11 +9,13 @@ from .codebuddy import CodeBuddy
 from .codex import Codex
 from .empty_patch import EmptyPatchClass, EmptyPatchPolicy, classify_empty_patch, decide
 from .mini_swe_agent import MiniSweAgent
+from .opencode import OpenCode
 from .prompts import PROBLEM_FILE
 from .qwen_code import QwenCode
 
 HARNESSES: dict[str, Harness] = {h.name: h for h in (ClaudeCode(), QwenCode(), Codex(), MiniSweAgent("toolcall"),
-                                                     MiniSweAgent("text"), CodeBuddy(), Builtin())}
+                                                     MiniSweAgent("text"), CodeBuddy(), OpenCode(),
+                                                     Builtin())}
 
 
 def get_harness(name: str) -> Harness:

@@ -1,6 +1,6 @@
 """Putting CLIs into the host tools directory that sandboxes mount read-only (task images stay untouched).
 
-    TOOLS/clis/       Claude Code, Qwen Code and Codex at the pinned versions (PINNED_CLIS)
+    TOOLS/clis/       Claude Code, Qwen Code, Codex and OpenCode at the pinned versions (PINNED_CLIS)
     TOOLS/node/bin/node   a Node.js for images without one (Qwen Code, CodeBuddy Code)
     TOOLS/codebuddy/  CodeBuddy Code (npm)
     TOOLS/mini-swe-agent/   mini-swe-agent with a Python of its own (mini_swe_agent.py builds it)
@@ -29,7 +29,9 @@ from .base import HarnessInstallError
 CLAUDE_CODE = "@anthropic-ai/claude-code"
 QWEN_CODE = "@qwen-code/qwen-code"
 CODEX = "@openai/codex"
-PINNED_CLIS = {CLAUDE_CODE: "2.1.332", QWEN_CODE: "0.24.4", CODEX: "0.171.0"}   # npm package -> version
+OPENCODE = "opencode-ai"
+PINNED_CLIS = {CLAUDE_CODE: "2.1.332", QWEN_CODE: "0.24.4", CODEX: "0.171.0",     # npm package -> version
+               OPENCODE: "1.18.33"}
 
 # `make clis` installs the pinned CLIs into .agent-clis/ of a source checkout, and install_clis copies that
 # tree rather than asking npm again. An installed wheel has no checkout beside its packages: there this
@@ -54,6 +56,17 @@ def codex_bin(machine: str) -> str:
 
 
 CODEX_BIN = codex_bin(platform.machine())
+# OpenCode likewise: its launcher runs a Bun-compiled binary from the platform package npm picked
+# (`opencode-linux-x64`, beside a `-baseline` build for CPUs without AVX2, which npm installs too).
+OPENCODE_PACKAGES = {"x86_64": "opencode-linux-x64", "aarch64": "opencode-linux-arm64"}
+
+
+def opencode_bin(machine: str) -> str:
+    """The OpenCode binary under the npm prefix, for a host of this `platform.machine()`."""
+    if machine not in OPENCODE_PACKAGES:
+        return "node_modules/.bin/opencode"     # the launcher, which names the platform it lacks
+    return f"node_modules/{OPENCODE_PACKAGES[machine]}/bin/opencode"
+
 # `make clis` also builds mini-swe-agent (agentrl/harness/mini_swe_agent.py) in this folder of the checkout's
 # .agent-clis, and the harness puts it into TOOLS/mini-swe-agent.
 MINI_DIR = "mini-swe-agent"
@@ -76,7 +89,8 @@ def clis_ready(clis: Path) -> bool:
     leaves Codex's launcher without its binary)."""
     return (_output([str(clis / CLAUDE_BIN), "--version"]) == f"{PINNED_CLIS[CLAUDE_CODE]} (Claude Code)"
             and _output(["node", str(clis / QWEN_ENTRY), "--version"]) == PINNED_CLIS[QWEN_CODE]
-            and _output([str(clis / CODEX_BIN), "--version"]) == f"codex-cli {PINNED_CLIS[CODEX]}")
+            and _output([str(clis / CODEX_BIN), "--version"]) == f"codex-cli {PINNED_CLIS[CODEX]}"
+            and _output([str(clis / opencode_bin(platform.machine())), "--version"]) == PINNED_CLIS[OPENCODE])
 
 
 def pinned_cli_packages() -> list[str]:

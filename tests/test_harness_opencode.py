@@ -1,0 +1,162 @@
+"""The opencode harness: its command and the config it writes, reading `opencode run --format json`, and the
+real OpenCode CLI (1.18.33) through the adapter with a scripted model: on the host from the harness's own
+command, and in a bubblewrap sandbox with the tools directory mounted read-only and no network but the
+adapter's."""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from sandboxed_session import TASK, run_in_bwrap
+from scripted_upstream import ScriptedUpstream, assert_one_exact_sample
+from test_harness import cli_install_source
+
+from agentrl.adapter.serve import AdapterServer
+from agentrl.adapter.service import Adapter, AdapterConfig
+from agentrl.harness import PROBLEM_FILE, HarnessRun, get_harness
+from agentrl.harness.opencode import WEB_TOOLS, fires_at, read_opencode_json
+
+pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
+
+CONFIG = "/home/agent/.config/opencode/opencode.json"
+
+
+def make_run(**kw) -> HarnessRun:
+    base = dict(task_text="Fix the off-by-one in count().", prompt_style="instruction", workdir="/testbed",
+                base_url="http://127.0.0.1:8000", api_key="sess-key", model="agentrl-tiny",
+                max_new_tokens=16000, max_context=200000)
+    return HarnessRun(**{**base, **kw})
+
+
+def test_the_command_points_a_custom_provider_at_the_adapter_and_turns_the_rest_off():
+    cmd = get_harness("opencode").command(make_run(max_context=65536, max_new_tokens=4096))
+    config = json.loads(cmd.files[CONFIG])
+    provider = config["provider"]["agentrl"]
+    assert provider["options"] == {"baseURL": "http://127.0.0.1:8000/v1", "apiKey": "sess-key"}
+    assert provider["models"]["agentrl-tiny"]["limit"] == {"context": 65536, "output": 4096}
+    assert config["model"] == "agentrl/agentrl-tiny" and config["autoupdate"] is False
+    assert {t: config["permission"][t] for t in WEB_TOOLS} == dict.fromkeys(WEB_TOOLS, "deny")
+    assert cmd.env["OPENCODE_CONFIG"] == CONFIG and cmd.env["HOME"] == "/home/agent"
+    for off in ("MODELS_FETCH", "PRUNE", "PROJECT_CONFIG", "DEFAULT_PLUGINS", "AUTOUPDATE"):
+        assert cmd.env[f"OPENCODE_DISABLE_{off}"] == "1"
+    argv = cmd.argv
+    assert argv[0].startswith("/opt/agentrl/tools/clis/node_modules/opencode-linux-") and argv[0].endswith("/opencode")
+    assert argv[1:argv.index("--")] == ["run", "--format", "json", "--pure", "--auto", "--title",
+                                           "agentrl"]
+    assert "--model" not in argv        # a repeated --model crashes OpenCode (an array): extra_args may add one
+
+
+def test_compaction_fires_where_opencode_reserves_the_output():
+    assert fires_at(make_run(max_context=200000, max_new_tokens=16000)) == 184000
+    assert fires_at(make_run(max_context=200000, max_new_tokens=64000)) == 168000     # its reserve caps at 32000
+    assert get_harness("opencode").command(make_run(compact_at=0.6)).warnings == []
+
+
+def jsonl(events: list[dict]) -> bytes:
+    return b"".join(json.dumps(e).encode() + b"\n" for e in events)
+
+
+# As OpenCode 1.18.33 wrote them (shortened): a step with a text and a tool call, then the final step.
+EVENTS = [
+    {"type": "step_start", "part": {"type": "step-start"}},
+    {"type": "text", "part": {"type": "text", "text": "I will write the file."}},
+    {"type": "tool_use", "part": {"type": "tool", "tool": "bash", "state": {"status": "completed",
+                                                                           "input": {"command": "echo hi"}}}},
+    {"type": "step_finish", "part": {"type": "step-finish", "reason": "tool-calls"}},
+    {"type": "step_start", "part": {"type": "step-start"}},
+    {"type": "text", "part": {"type": "text", "text": "Done: out.txt holds hi."}},
+    {"type": "step_finish", "part": {"type": "step-finish", "reason": "stop"}},
+]
+
+
+def test_reading_opencode_json():
+    t = read_opencode_json(b"some log line\n" + jsonl(EVENTS))
+    assert (t.final_text, t.turns, t.tool_calls, t.exit_reason, t.raw_ok) == ("Done: out.txt holds hi.", 2, 1,
+                                                                              "stop", True)
+    assert not read_opencode_json(jsonl(EVENTS[:3])).raw_ok                    # no step finished
+    failed = read_opencode_json(jsonl([*EVENTS, {"type": "error", "error": {"name": "APIError"}}]))
+    assert not failed.raw_ok and failed.exit_reason == "error"
+    assert not read_opencode_json(b"\xff{not json\n[1]\n").raw_ok
+
+
+@pytest.fixture(scope="module")
+def tools_dir(tmp_path_factory) -> Path:
+    """A host tools directory filled by the harness's own install (copied from `make clis`), readable by
+    the sandbox's agent user."""
+    cli_install_source()
+    tools = tmp_path_factory.mktemp("tools")
+    tools.chmod(0o755)
+    get_harness("opencode").install(tools)
+    return tools
+
+
+def shell_call(command: str) -> dict:
+    return {"role": "assistant", "content": "I will read the task and fix the file.",
+            "tool_calls": [{"id": "x", "type": "function", "function": {"name": "bash", "arguments": {
+                "command": command, "description": "fix target.txt"}}}]}
+
+
+FINAL = {"role": "assistant", "content": "Fixed: target.txt now says fixed."}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("style", ["instruction", "dataset"])
+def test_a_real_opencode_session_from_the_harness_command_is_one_exact_sample(style, tiny_model, tools_dir,
+                                                                            tmp_path):
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    (work / "target.txt").write_text("bug\n")
+    (work / "opencode.json").write_text(json.dumps({"model": "elsewhere/model"}))   # the task's: never read
+    task = TASK if style == "instruction" else f"- {TASK}"       # a dataset text that looks like a flag
+    steps = [shell_call(f"cat {PROBLEM_FILE}; echo fixed > target.txt"), FINAL]
+    with ScriptedUpstream(tiny_model, steps) as upstream:
+        adapter = Adapter(AdapterConfig(tokenizer=tiny_model, upstreams=[upstream.url], max_context=131072))
+        with AdapterServer(adapter) as server:
+            key = adapter.sessions.open().key
+            run = HarnessRun(task_text=task, prompt_style=style, workdir=str(work), base_url=server.url,
+                             api_key=key, model="agentrl-tiny", max_new_tokens=3000, max_context=131072,
+                             home=str(home), tools_dir=str(tools_dir))
+            harness = get_harness("opencode")
+            cmd = harness.command(run)
+            for path, data in cmd.files.items():
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                Path(path).write_bytes(data)
+            env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", **cmd.env}
+            proc = subprocess.run(cmd.argv, cwd=work, env=env, capture_output=True, timeout=300,
+                                  stdin=subprocess.DEVNULL)
+            result = adapter.sessions.finish(key).to_json()
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    assert (work / "target.txt").read_text() == "fixed\n"
+    traj = harness.read_trajectory(proc.stdout, proc.stderr)
+    assert traj.raw_ok and traj.final_text == FINAL["content"] and (traj.turns, traj.tool_calls) == (2, 1)
+    assert len(upstream.requests) == 2                  # no title or other side request
+    assert [r["sampling_params"]["max_new_tokens"] for r in upstream.requests] == [3000, 3000]
+    first, second = (upstream.tokenizer.decode(r["input_ids"]) for r in upstream.requests)
+    assert '"name": "bash"' in first and not any(f'"name": "{t}"' in first for t in WEB_TOOLS)
+    if style == "instruction":
+        assert TASK in second and TASK not in first     # the task came from PROBLEM_STATEMENT.md
+    else:
+        assert task in first                            # verbatim, after `--`
+    assert_one_exact_sample(result, [upstream.output_ids(s) for s in steps])
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0, reason="needs bubblewrap and root")
+def test_opencode_in_a_sandbox_with_the_tools_mounted_read_only(tiny_model, tools_dir, tmp_path):
+    """As the pool runs it: the agent user (uid 1000) in bubblewrap, the host's /usr as the image, the tools
+    directory read-only at /opt/agentrl/tools, no network but the adapter through the forwarded port."""
+    steps = [shell_call(f"cat {PROBLEM_FILE} && echo fixed > target.txt && touch /opt/agentrl/tools/x; id -u"),
+             FINAL]
+    run = run_in_bwrap("opencode", steps, tiny_model, tools_dir, tmp_path)
+    proc, target, result = run.proc, run.target, run.result
+    assert proc.exit_code == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    assert target == b"fixed\n"
+    [tool] = [json.loads(line)["part"] for line in proc.stdout.splitlines() if line.startswith(b'{"type":"tool_use"')]
+    output = tool["state"]["output"]
+    assert "Read-only file system" in output and output.rstrip().endswith("1000")
+    assert get_harness("opencode").read_trajectory(proc.stdout, proc.stderr).final_text == FINAL["content"]
+    assert_one_exact_sample(result, run.sampled)

@@ -102,21 +102,20 @@ def shell_call(command: str) -> dict:
 FINAL = {"role": "assistant", "content": "Fixed: target.txt now says fixed."}
 
 
-@pytest.mark.integration
-@pytest.mark.parametrize("style", ["instruction", "dataset"])
-def test_a_real_opencode_session_from_the_harness_command_is_one_exact_sample(style, tiny_model, tools_dir,
-                                                                            tmp_path):
+def host_session(tiny_model, tools_dir: Path, tmp_path: Path, steps: list, *, task: str = TASK,
+                 style: str = "instruction", provider_options: dict | None = None, **adapter) -> tuple:
+    """The harness's own command (argv, env, files) against the adapter, on the host (sandbox paths are host
+    paths here): (process, trajectory, finish_session's reply, the upstream, the work dir)."""
     work, home = tmp_path / "work", tmp_path / "home"
     work.mkdir()
     home.mkdir()
     (work / "target.txt").write_text("bug\n")
     (work / "opencode.json").write_text(json.dumps({"model": "elsewhere/model"}))   # the task's: never read
-    task = TASK if style == "instruction" else f"- {TASK}"       # a dataset text that looks like a flag
-    steps = [shell_call(f"cat {PROBLEM_FILE}; echo fixed > target.txt"), FINAL]
     with ScriptedUpstream(tiny_model, steps) as upstream:
-        adapter = Adapter(AdapterConfig(tokenizer=tiny_model, upstreams=[upstream.url], max_context=131072))
-        with AdapterServer(adapter) as server:
-            key = adapter.sessions.open().key
+        adapter_ = Adapter(AdapterConfig(tokenizer=tiny_model, upstreams=[upstream.url], max_context=131072,
+                                         **adapter))
+        with AdapterServer(adapter_) as server:
+            key = adapter_.sessions.open().key
             run = HarnessRun(task_text=task, prompt_style=style, workdir=str(work), base_url=server.url,
                              api_key=key, model="agentrl-tiny", max_new_tokens=3000, max_context=131072,
                              home=str(home), tools_dir=str(tools_dir))
@@ -125,13 +124,26 @@ def test_a_real_opencode_session_from_the_harness_command_is_one_exact_sample(st
             for path, data in cmd.files.items():
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
                 Path(path).write_bytes(data)
+            if provider_options:
+                config = json.loads(Path(cmd.env["OPENCODE_CONFIG"]).read_text())
+                config["provider"]["agentrl"]["options"].update(provider_options)
+                Path(cmd.env["OPENCODE_CONFIG"]).write_text(json.dumps(config))
             env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", **cmd.env}
             proc = subprocess.run(cmd.argv, cwd=work, env=env, capture_output=True, timeout=300,
                                   stdin=subprocess.DEVNULL)
-            result = adapter.sessions.finish(key).to_json()
+            result = adapter_.sessions.finish(key).to_json()
+    return proc, harness.read_trajectory(proc.stdout, proc.stderr), result, upstream, work
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("style", ["instruction", "dataset"])
+def test_a_real_opencode_session_from_the_harness_command_is_one_exact_sample(style, tiny_model, tools_dir,
+                                                                            tmp_path):
+    task = TASK if style == "instruction" else f"- {TASK}"       # a dataset text that looks like a flag
+    steps = [shell_call(f"cat {PROBLEM_FILE}; echo fixed > target.txt"), FINAL]
+    proc, traj, result, upstream, work = host_session(tiny_model, tools_dir, tmp_path, steps, task=task, style=style)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     assert (work / "target.txt").read_text() == "fixed\n"
-    traj = harness.read_trajectory(proc.stdout, proc.stderr)
     assert traj.raw_ok and traj.final_text == FINAL["content"] and (traj.turns, traj.tool_calls) == (2, 1)
     assert len(upstream.requests) == 2                  # no title or other side request
     assert [r["sampling_params"]["max_new_tokens"] for r in upstream.requests] == [3000, 3000]
@@ -142,6 +154,35 @@ def test_a_real_opencode_session_from_the_harness_command_is_one_exact_sample(st
     else:
         assert task in first                            # verbatim, after `--`
     assert_one_exact_sample(result, [upstream.output_ids(s) for s in steps])
+
+
+@pytest.mark.integration
+def test_its_retry_of_a_failed_turn_is_not_a_turn(tiny_model, tools_dir, tmp_path):
+    """The model server fails once: the adapter answers 503, OpenCode sends the turn again, and the
+    session is still one sample with each turn once."""
+    steps = [{"fail": 500}, shell_call("echo fixed > target.txt"), FINAL]
+    proc, traj, result, upstream, work = host_session(tiny_model, tools_dir, tmp_path, steps)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    assert len(upstream.requests) == 3 and (traj.turns, traj.tool_calls) == (2, 1)
+    assert (work / "target.txt").read_text() == "fixed\n"
+    assert_one_exact_sample(result, [upstream.output_ids(s) for s in steps[1:]])
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("keepalive_s", [0.3, 30])
+def test_a_turn_longer_than_its_chunk_timeout_completes_with_keepalives(keepalive_s, tiny_model, tools_dir,
+                                                                         tmp_path):
+    """OpenCode gives up on a stream that sends nothing for `chunkTimeout` ms (a provider option, 300 s by
+    default). Scaled down: 2 s against a 4 s turn. With the adapter's keepalives every 0.3 s the turn is one
+    request and the session one sample; without any within the turn, OpenCode drops the stream and sends the
+    turn again: two requests, and still one sample (the dropped turn is not recorded)."""
+    steps = [{**FINAL, "delay_s": 4}, FINAL]
+    proc, traj, result, upstream, _ = host_session(tiny_model, tools_dir, tmp_path, steps, task="Say done.",
+                                                   style="dataset", provider_options={"chunkTimeout": 2000},
+                                                   keepalive_s=keepalive_s)
+    assert proc.returncode == 0 and traj.final_text == FINAL["content"], proc.stdout[-2000:]
+    assert len(upstream.requests) == (1 if keepalive_s < 2 else 2)
+    assert_one_exact_sample(result, [upstream.output_ids(FINAL)])
 
 
 @pytest.mark.integration
@@ -157,6 +198,6 @@ def test_opencode_in_a_sandbox_with_the_tools_mounted_read_only(tiny_model, tool
     assert target == b"fixed\n"
     [tool] = [json.loads(line)["part"] for line in proc.stdout.splitlines() if line.startswith(b'{"type":"tool_use"')]
     output = tool["state"]["output"]
-    assert "Read-only file system" in output and output.rstrip().endswith("1000")
+    assert "Read-only file system" in output and "1000\n" in output     # stderr and stdout, in either order
     assert get_harness("opencode").read_trajectory(proc.stdout, proc.stderr).final_text == FINAL["content"]
     assert_one_exact_sample(result, run.sampled)

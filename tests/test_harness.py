@@ -62,9 +62,10 @@ def flag_value(options: list[str], flag: str) -> str:
 def test_registry_and_unknown_names():
     assert {n: h.protocol for n, h in HARNESSES.items()} == {
         "claude_code": "anthropic", "qwen_code": "openai", "codex": "openai", "mini_swe_agent": "openai",
-        "mini_swe_agent_text": "openai", "codebuddy": "openai", "opencode": "openai", "builtin": "openai"}
+        "mini_swe_agent_text": "openai", "codebuddy": "openai", "opencode": "openai", "gemini_cli": "gemini",
+        "builtin": "openai"}
     assert all(get_harness(n).name == n for n in HARNESSES)
-    with pytest.raises(ValueError, match="builtin, claude_code, codebuddy, codex, mini_swe_agent, "
+    with pytest.raises(ValueError, match="builtin, claude_code, codebuddy, codex, gemini_cli, mini_swe_agent, "
                                          "mini_swe_agent_text, opencode, qwen_code"):
         get_harness("aider")
 
@@ -79,7 +80,7 @@ def test_a_run_refuses_nonsense(change, error):
 
 
 # The default each harness sets that a user may want to replace: a flag on argv and a variable in env.
-# Codex, mini-swe-agent and OpenCode keep the model in their config file, which a --model flag beats.
+# Codex, mini-swe-agent, OpenCode and Gemini CLI keep the model in their config file, which a --model flag beats.
 OVERRIDABLE = {"claude_code": ("--model", "CLAUDE_CODE_MAX_OUTPUT_TOKENS"),
                "qwen_code": ("--model", "QWEN_CODE_MAX_OUTPUT_TOKENS"),
                "codex": ("--model", "CODEX_HOME"),
@@ -87,6 +88,7 @@ OVERRIDABLE = {"claude_code": ("--model", "CLAUDE_CODE_MAX_OUTPUT_TOKENS"),
                "mini_swe_agent_text": ("--model", "LITELLM_LOCAL_MODEL_COST_MAP"),
                "codebuddy": ("--model", "CODEBUDDY_API_KEY"),
                "opencode": ("--model", "OPENCODE_CONFIG"),
+               "gemini_cli": ("--model", "GEMINI_CLI_NO_RELAUNCH"),
                "builtin": ("--max-tokens", "OPENAI_API_KEY")}
 
 
@@ -137,9 +139,9 @@ def max_output(name: str, run: HarnessRun) -> int:
     return int(flag_value(split_prompt(cmd.argv)[0], "--max-tokens"))
 
 
-# Codex 0.171.0 has no setting for it and sends no max_output_tokens: the adapter's own max_new_tokens caps its
-# turns (the pool sets it; tests/test_harness_codex.py sees it at the model server).
-@pytest.mark.parametrize("name", sorted(set(HARNESSES) - {"codex"}))
+# Codex 0.171.0 and Gemini CLI 0.61.0 have no setting for it and send no output cap: the adapter's own
+# max_new_tokens caps their turns (the pool sets it; tests/test_harness_codex.py sees it at the model server).
+@pytest.mark.parametrize("name", sorted(set(HARNESSES) - {"codex", "gemini_cli"}))
 def test_no_turn_cap_and_output_pinned_to_the_turn_budget(name):
     run = make_run(max_new_tokens=12345)
     options, _ = split_prompt(get_harness(name).command(run).argv)

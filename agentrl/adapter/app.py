@@ -33,7 +33,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from . import wire, wire_responses
+from . import wire, wire_gemini, wire_responses
 from .limits import (
     CONTROL_BODY_BYTES,
     LARGE_BODY_BYTES,
@@ -49,7 +49,7 @@ from .limits import (
 )
 from .service import Adapter, Prepared, TurnResult, in_thread
 from .session import SessionError
-from .sse import AnthropicEvents, ChatChunks, Events, ResponsesEvents, keepalive_stream
+from .sse import AnthropicEvents, ChatChunks, Events, GeminiEvents, ResponsesEvents, keepalive_stream
 from .upstream import UpstreamError
 from .wire import Chat, WireError
 
@@ -72,12 +72,18 @@ def openai_error(status: int, kind: str, message: str, param: str | None = None)
                         status_code=status)
 
 
+def gemini_error(status: int, kind: str, message: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse(wire_gemini.error_body(status, message), status_code=status)
+
+
 def error_shape(path: str) -> Callable[..., JSONResponse]:
+    if path.startswith("/v1beta/"):
+        return gemini_error
     return anthropic_error if path == "/v1/messages" or path.startswith("/v1/messages/") else openai_error
 
 
 def _api_key(request: Request) -> str | None:
-    key = request.headers.get("x-api-key")
+    key = request.headers.get("x-api-key") or request.headers.get("x-goog-api-key")   # Anthropic's, Gemini's
     if key:
         return key
     auth = request.headers.get("authorization", "")
@@ -174,7 +180,8 @@ def create_app(adapter: Adapter, control_token: str) -> FastAPI:
         path, method = request.url.path, request.method
         if exc.status_code == 404:
             kind, message = "not_found_error", (f"no route {method} {path}: the adapter serves POST /v1/messages, "
-                                                "POST /v1/chat/completions, POST /v1/responses and GET /v1/models")
+                                                "POST /v1/chat/completions, POST /v1/responses, "
+                                                "POST /v1beta/models/MODEL:generateContent and GET /v1/models")
         elif exc.status_code == 405:
             kind, message = "invalid_request_error", (f"{method} is not allowed on {path}; "
                                                       f"use {(exc.headers or {}).get('Allow', 'another method')}")
@@ -244,6 +251,39 @@ def create_app(adapter: Adapter, control_token: str) -> FastAPI:
     async def responses(request: Request) -> Response:
         return await serve_turn(request, wire_responses.responses_chat, openai_error, responses_respond,
                                 lambda chat, turn: ResponsesEvents(model_of(chat), chat.options))
+
+    # ------------------------------------------------------------ Gemini
+
+    def gemini_respond(chat: Chat, result: TurnResult) -> Response:
+        return JSONResponse(wire_gemini.reply(result.parsed, result.finish, ids=result.call_ids, usage=result.usage,
+                                              model=model_of(chat), rid=uuid.uuid4().hex))
+
+    @app.post("/v1beta/models/{target}")
+    async def gemini(request: Request, target: str) -> Response:
+        try:
+            model, method = wire_gemini.split_target(target)
+            stream = method == "streamGenerateContent"
+            if stream and request.query_params.get("alt") != "sse":
+                raise WireError("streamGenerateContent is served as server-sent events only: add ?alt=sse")
+        except WireError as e:
+            return gemini_error(404 if "serves" in str(e) else 400, "invalid_request_error", str(e))
+
+        def to_chat(body: Any) -> Chat:
+            return wire_gemini.gemini_chat(body, model=model, stream=stream)
+        if method == "countTokens":
+            async with AsyncExitStack() as cleanup:
+                try:
+                    adapter.sessions.get(_api_key(request))
+                    chat = await chat_of(request, lambda body: to_chat(
+                        body.get("generateContentRequest", body) if isinstance(body, dict) else body), cleanup)
+                    n = await in_thread(adapter.count_tokens, chat)
+                except (RequestError, SessionError) as e:
+                    return gemini_error(e.status, e.kind, str(e))
+                except WireError as e:
+                    return gemini_error(400, "invalid_request_error", str(e))
+                return JSONResponse({"totalTokens": n})
+        return await serve_turn(request, to_chat, gemini_error, gemini_respond,
+                                lambda chat, turn: GeminiEvents(model_of(chat)))
 
     @app.get("/v1/models")
     async def models() -> dict:

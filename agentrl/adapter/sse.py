@@ -28,7 +28,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
 from typing import Any
 
-from . import wire, wire_responses
+from . import wire, wire_gemini, wire_responses
 from .service import TurnResult
 from .upstream import UpstreamError
 
@@ -231,3 +231,26 @@ class ResponsesEvents(Events):
     def failure(self, message: str, *, retryable: bool) -> list[str]:
         return [self._event("response.failed", response=self.response(
             status="failed", output=[], error={"code": "server_error", "message": message}))]
+
+
+class GeminiEvents(Events):
+    """Gemini's streamed GenerateContentResponses (`alt=sse`): the whole reply as one event. A keepalive is a
+    response without candidates: the Google GenAI SDK's reader takes only `data:` lines (after an SSE
+    comment it matched nothing more, and Gemini CLI retried the turn as an empty stream), and Gemini CLI
+    skips a chunk without candidates."""
+
+    def __init__(self, model: str):
+        self.model, self.id = model, uuid.uuid4().hex
+
+    def opening(self) -> list[str]:
+        return []
+
+    def keepalive(self) -> str:
+        return sse(None, {"candidates": []})
+
+    def reply(self, result: TurnResult) -> Iterator[str]:
+        yield sse(None, wire_gemini.reply(result.parsed, result.finish, ids=result.call_ids, usage=result.usage,
+                                          model=self.model, rid=self.id))
+
+    def failure(self, message: str, *, retryable: bool) -> list[str]:
+        return [sse(None, wire_gemini.error_body(503 if retryable else 500, message))]

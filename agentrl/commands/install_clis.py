@@ -15,6 +15,7 @@ from ..harness.base import HarnessInstallError
 from ..harness.install import (
     CLAUDE_BIN,
     CODEX_BIN,
+    GEMINI_ENTRY,
     MINI_DIR,
     QWEN_BIN,
     clis_ready,
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     except HarnessInstallError as e:
         print(f"install_agent_clis: {e}", file=sys.stderr)
         return 1
-    for program in (CLAUDE_BIN, QWEN_BIN, CODEX_BIN, opencode_bin(platform.machine()),
+    for program in (CLAUDE_BIN, QWEN_BIN, CODEX_BIN, opencode_bin(platform.machine()), GEMINI_ENTRY,
                     f"{MINI_DIR}/{PYTHON} {mini}/{LAUNCHER}"):
         print(dest / program)
     return 0

@@ -8,6 +8,7 @@ from .claude_code import ClaudeCode
 from .codebuddy import CodeBuddy
 from .codex import Codex
 from .empty_patch import EmptyPatchClass, EmptyPatchPolicy, classify_empty_patch, decide
+from .gemini_cli import GeminiCli
 from .mini_swe_agent import MiniSweAgent
 from .opencode import OpenCode
 from .prompts import PROBLEM_FILE
@@ -15,7 +16,7 @@ from .qwen_code import QwenCode
 
 HARNESSES: dict[str, Harness] = {h.name: h for h in (ClaudeCode(), QwenCode(), Codex(), MiniSweAgent("toolcall"),
                                                      MiniSweAgent("text"), CodeBuddy(), OpenCode(),
-                                                     Builtin())}
+                                                     GeminiCli(), Builtin())}
 
 
 def get_harness(name: str) -> Harness:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 PromptStyle = Literal["instruction", "dataset"]
-WireProtocol = Literal["anthropic", "openai"]
+WireProtocol = Literal["anthropic", "openai", "gemini"]
 # Linux refuses a single argv string longer than this (MAX_ARG_STRLEN), whatever ARG_MAX says.
 MAX_ARG_BYTES = 128 * 1024
 

@@ -1,7 +1,7 @@
 """Putting CLIs into the host tools directory that sandboxes mount read-only (task images stay untouched).
 
-    TOOLS/clis/       Claude Code, Qwen Code, Codex and OpenCode at the pinned versions (PINNED_CLIS)
-    TOOLS/node/bin/node   a Node.js for images without one (Qwen Code, CodeBuddy Code)
+    TOOLS/clis/       Claude Code, Qwen Code, Codex, OpenCode and Gemini CLI at the pinned versions (PINNED_CLIS)
+    TOOLS/node/bin/node   a Node.js for images without one (Qwen Code, Gemini CLI, CodeBuddy Code)
     TOOLS/codebuddy/  CodeBuddy Code (npm)
     TOOLS/mini-swe-agent/   mini-swe-agent with a Python of its own (mini_swe_agent.py builds it)
     TOOLS/builtin_agent.py
@@ -30,8 +30,9 @@ CLAUDE_CODE = "@anthropic-ai/claude-code"
 QWEN_CODE = "@qwen-code/qwen-code"
 CODEX = "@openai/codex"
 OPENCODE = "opencode-ai"
+GEMINI_CLI = "@google/gemini-cli"
 PINNED_CLIS = {CLAUDE_CODE: "2.1.332", QWEN_CODE: "0.24.4", CODEX: "0.171.0",     # npm package -> version
-               OPENCODE: "1.18.33"}
+               OPENCODE: "1.18.33", GEMINI_CLI: "0.61.0"}
 
 # `make clis` installs the pinned CLIs into .agent-clis/ of a source checkout, and install_clis copies that
 # tree rather than asking npm again. An installed wheel has no checkout beside its packages: there this
@@ -40,6 +41,7 @@ CHECKOUT_CLIS = Path(__file__).resolve().parents[2] / ".agent-clis"
 CLAUDE_BIN = "node_modules/.bin/claude"
 QWEN_BIN = "node_modules/.bin/qwen"
 QWEN_ENTRY = "node_modules/@qwen-code/qwen-code/cli-entry.js"
+GEMINI_ENTRY = "node_modules/@google/gemini-cli/bundle/gemini.js"
 # Codex's npm package is a Node launcher; the program is a static musl binary in a platform package
 # (an optionalDependency aliased to `@openai/codex@VERSION-linux-x64`, from the npm registry like the
 # rest). The harness runs the binary itself, so images need no Node for it.
@@ -90,7 +92,8 @@ def clis_ready(clis: Path) -> bool:
     return (_output([str(clis / CLAUDE_BIN), "--version"]) == f"{PINNED_CLIS[CLAUDE_CODE]} (Claude Code)"
             and _output(["node", str(clis / QWEN_ENTRY), "--version"]) == PINNED_CLIS[QWEN_CODE]
             and _output([str(clis / CODEX_BIN), "--version"]) == f"codex-cli {PINNED_CLIS[CODEX]}"
-            and _output([str(clis / opencode_bin(platform.machine())), "--version"]) == PINNED_CLIS[OPENCODE])
+            and _output([str(clis / opencode_bin(platform.machine())), "--version"]) == PINNED_CLIS[OPENCODE]
+            and _output(["node", str(clis / GEMINI_ENTRY), "--version"]) == PINNED_CLIS[GEMINI_CLI])
 
 
 def pinned_cli_packages() -> list[str]:

@@ -27,7 +27,8 @@ def moved_to_adapter(section: Any) -> list[str]:
 class PoolConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    harness: str = "builtin"  # claude_code | qwen_code | codex | opencode | mini_swe_agent[_text] | codebuddy | builtin
+    # claude_code | qwen_code | codex | opencode | gemini_cli | mini_swe_agent[_text] | codebuddy | builtin
+    harness: str = "builtin"
     prompt_style: Literal["instruction", "dataset"] = "instruction"
     runtime: Literal["bwrap", "apptainer", "local"] = "bwrap"
     allow_unsafe_local: bool = False

@@ -31,6 +31,7 @@ import tempfile
 from agentrl.adapter.serve import AdapterServer
 from agentrl.adapter.service import Adapter, AdapterConfig
 from agentrl.harness import HARNESSES, HarnessRun, get_harness
+from agentrl.harness.mini_swe_agent import SUBMIT
 from agentrl.models.tiny import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +39,12 @@ BASELINE = "builtin"
 DEFAULT = ("builtin", "mini_swe_agent_text", "claude_code", "qwen_code", "codex", "opencode", "gemini_cli")
 NODE_GIB = 128
 DONE = {"role": "assistant", "content": "Done."}
+# mini-swe-agent ends on its submit command, not on a text reply (which is a format error to it)
+FINALS = {"mini_swe_agent_text": {"role": "assistant", "content": f"THOUGHT: done.\n\n```mswea_bash_command\n"
+                                                                  f"echo {SUBMIT}\n```"},
+          "mini_swe_agent": {"role": "assistant", "content": "Done.", "tool_calls": [{
+              "id": "x", "type": "function",
+              "function": {"name": "bash", "arguments": {"command": f"echo {SUBMIT}"}}}]}}
 
 
 def one_session(name: str, tools: Path, model: Path, work: Path) -> tuple[float, int]:
@@ -48,7 +55,7 @@ def one_session(name: str, tools: Path, model: Path, work: Path) -> tuple[float,
     shutil.rmtree(work, ignore_errors=True)
     (work / "repo").mkdir(parents=True)
     (work / "home").mkdir()
-    with ScriptedUpstream(model, [DONE]) as upstream:
+    with ScriptedUpstream(model, [FINALS.get(name, DONE)]) as upstream:
         adapter = Adapter(AdapterConfig(tokenizer=model, upstreams=[upstream.url], max_context=131072))
         with AdapterServer(adapter) as server:
             key = adapter.sessions.open().key

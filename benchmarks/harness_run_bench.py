@@ -26,21 +26,16 @@ if not __package__:     # run as `python benchmarks/NAME.py`: the checkout's roo
 
 import argparse
 import json
-import subprocess
 import tempfile
-import time
 
 import yaml
 
 from agentrl.harness import HARNESSES
 from agentrl.models.tiny import make_tiny_model
 from agentrl.report.fidelity import check_run
-from hpc.launch.state import final_state
-from hpc.runlayout import RunLayout
 
-from .shared_fs_bench import place_demo
+from .shared_fs_bench import launch_and_wait, place_demo
 
-ROOT = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 1800
 
 
@@ -69,19 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         config = place_demo(where / "demo", model)
         configure(config, harness=args.harness, rollouts=args.rollouts, max_context=args.max_context)
         run_dir = where / "demo/runs/demo"
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "agentrl.cli", "launch", str(config), "--executor", "sbatch",
-                        "--run-dir", str(run_dir)], check=True, capture_output=True, timeout=120, cwd=ROOT)
-        state = None
-        while time.perf_counter() - t0 < RUN_TIMEOUT_S:
-            if (run_dir / "run.yaml").exists() and (state := final_state(RunLayout.open(run_dir))):
-                break
-            time.sleep(2)
-        wall = time.perf_counter() - t0
-        if state != "finished":
-            subprocess.run([sys.executable, "-m", "agentrl.cli", "stop", str(run_dir)], capture_output=True, cwd=ROOT)
-            raise SystemExit(f"the run in {run_dir} ended {state or f'not at all in {RUN_TIMEOUT_S} s'}: see its "
-                             f"logs/ (--work DIR keeps them)")
+        wall = launch_and_wait(config, run_dir, RUN_TIMEOUT_S)
         rollouts = [r.to_json() for r in check_run(run_dir, model)]
     if args.json:
         print(json.dumps({"harness": args.harness, "wall_s": wall, "rollouts": rollouts}, indent=1))

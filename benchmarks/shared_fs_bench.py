@@ -58,23 +58,28 @@ def place_demo(where: Path, model: Path, *, link_model: bool = False) -> Path:
     return where / "configs/tiny-local.yaml"
 
 
-def time_run(where: Path, model: Path) -> float:
-    """Seconds from submit to the demo's run finished, everything under `where`; fails on any other end."""
-    config = place_demo(where, model)
-    run_dir = where / "runs/demo"
+def launch_and_wait(config: Path, run_dir: Path, timeout_s: float = RUN_TIMEOUT_S) -> float:
+    """Seconds from `agentrl launch --executor sbatch` to the run's final state; on any end but `finished`
+    (or none in timeout_s) the run is stopped and this raises, pointing at its logs."""
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "agentrl.cli", "launch", str(config), "--executor", "sbatch",
                     "--run-dir", str(run_dir)], check=True, capture_output=True, timeout=120, cwd=ROOT)
     state = None
-    while time.perf_counter() - t0 < RUN_TIMEOUT_S:
+    while time.perf_counter() - t0 < timeout_s:
         if (run_dir / "run.yaml").exists() and (state := final_state(RunLayout.open(run_dir))):
             break
         time.sleep(0.5)
     wall = time.perf_counter() - t0
     if state != "finished":
         subprocess.run([sys.executable, "-m", "agentrl.cli", "stop", str(run_dir)], capture_output=True, cwd=ROOT)
-        raise RuntimeError(f"the run in {run_dir} ended {state or f'not at all in {RUN_TIMEOUT_S} s'}: "
+        raise RuntimeError(f"the run in {run_dir} ended {state or f'not at all in {timeout_s:.0f} s'}: "
                            f"see its logs/ and agentrl status {run_dir}")
+    return wall
+
+
+def time_run(where: Path, model: Path) -> float:
+    """Seconds from submit to the demo's run finished, everything under `where`; fails on any other end."""
+    wall = launch_and_wait(place_demo(where, model), where / "runs/demo")
     time.sleep(1)   # let Slurm release the nodes before the next run
     return wall
 

@@ -6,16 +6,12 @@ directory mounted read-only and no network but the adapter's."""
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-from sandboxed_session import TASK, run_in_bwrap
-from scripted_upstream import ScriptedUpstream, assert_one_exact_sample
-from test_harness import cli_install_source
+from sandboxed_session import TASK, installed_tools, run_in_bwrap, run_on_host
+from scripted_upstream import assert_one_exact_sample
 
-from agentrl.adapter.serve import AdapterServer
-from agentrl.adapter.service import Adapter, AdapterConfig
 from agentrl.harness import PROBLEM_FILE, HarnessRun, get_harness
 from agentrl.harness.gemini_cli import ASSUMED_WINDOW, WEB_TOOLS, read_gemini_stream_json
 
@@ -73,13 +69,7 @@ def test_reading_gemini_stream_json():
 
 @pytest.fixture(scope="module")
 def tools_dir(tmp_path_factory) -> Path:
-    """A host tools directory filled by the harness's own install (copied from `make clis`), readable by
-    the sandbox's agent user."""
-    cli_install_source()
-    tools = tmp_path_factory.mktemp("tools")
-    tools.chmod(0o755)
-    get_harness("gemini_cli").install(tools)
-    return tools
+    return installed_tools(tmp_path_factory, "gemini_cli")
 
 
 def shell_call(command: str) -> dict:
@@ -92,37 +82,11 @@ def shell_call(command: str) -> dict:
 FINAL = {"role": "assistant", "content": "Fixed: target.txt now says fixed.", "reasoning_content": "It worked."}
 
 
-def host_session(tiny_model, tools_dir: Path, tmp_path: Path, steps: list, **adapter) -> tuple:
-    """The harness's own command against the adapter, on the host (sandbox paths are host paths here):
-    (process, trajectory, finish_session's reply, the upstream, the work dir)."""
-    work, home = tmp_path / "work", tmp_path / "home"
-    work.mkdir()
-    home.mkdir()
-    (work / "target.txt").write_text("bug\n")
-    with ScriptedUpstream(tiny_model, steps) as upstream:
-        adapter_ = Adapter(AdapterConfig(tokenizer=tiny_model, upstreams=[upstream.url], max_context=131072,
-                                         **adapter))
-        with AdapterServer(adapter_) as server:
-            key = adapter_.sessions.open().key
-            run = HarnessRun(task_text=TASK, prompt_style="instruction", workdir=str(work), base_url=server.url,
-                             api_key=key, model="agentrl-tiny", max_new_tokens=3000, max_context=131072,
-                             home=str(home), tools_dir=str(tools_dir))
-            harness = get_harness("gemini_cli")
-            cmd = harness.command(run)
-            for path, data in cmd.files.items():
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-                Path(path).write_bytes(data)
-            env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", **cmd.env}
-            proc = subprocess.run(cmd.argv, cwd=work, env=env, capture_output=True, timeout=300,
-                                  stdin=subprocess.DEVNULL)
-            result = adapter_.sessions.finish(key).to_json()
-    return proc, harness.read_trajectory(proc.stdout, proc.stderr), result, upstream, work
-
-
 @pytest.mark.integration
 def test_a_real_gemini_cli_session_from_the_harness_command_is_one_exact_sample(tiny_model, tools_dir, tmp_path):
     steps = [shell_call(f"cat {PROBLEM_FILE}; echo fixed > target.txt"), FINAL]
-    proc, traj, result, upstream, work = host_session(tiny_model, tools_dir, tmp_path, steps)
+    run = run_on_host("gemini_cli", steps, tiny_model, tools_dir, tmp_path)
+    proc, traj, result, upstream, work = run.proc, run.trajectory, run.result, run.upstream, run.work
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     assert (work / "target.txt").read_text() == "fixed\n"
     assert traj.raw_ok and traj.final_text == FINAL["content"] and (traj.turns, traj.tool_calls) == (2, 1)
@@ -138,7 +102,8 @@ def test_a_real_gemini_cli_session_from_the_harness_command_is_one_exact_sample(
 @pytest.mark.integration
 def test_its_retry_of_a_failed_turn_is_not_a_turn(tiny_model, tools_dir, tmp_path):
     steps = [{"fail": 500}, shell_call("echo fixed > target.txt"), FINAL]
-    proc, traj, result, upstream, work = host_session(tiny_model, tools_dir, tmp_path, steps)
+    run = run_on_host("gemini_cli", steps, tiny_model, tools_dir, tmp_path)
+    proc, traj, result, upstream, _work = run.proc, run.trajectory, run.result, run.upstream, run.work
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     assert len(upstream.requests) == 3 and (traj.turns, traj.tool_calls) == (2, 1)
     assert_one_exact_sample(result, [upstream.output_ids(s) for s in steps[1:]])
@@ -149,7 +114,8 @@ def test_a_slow_turn_with_keepalives_is_one_request(tiny_model, tools_dir, tmp_p
     """Keepalives every 0.2 s within a 2 s turn. As SSE comments they broke the stream (the SDK's reader
     matched nothing after one; Gemini CLI took the turn for an empty stream and sent it again)."""
     steps = [{**shell_call("echo fixed > target.txt"), "delay_s": 2}, FINAL]
-    proc, traj, result, upstream, work = host_session(tiny_model, tools_dir, tmp_path, steps, keepalive_s=0.2)
+    run = run_on_host("gemini_cli", steps, tiny_model, tools_dir, tmp_path, keepalive_s=0.2)
+    proc, _traj, result, upstream, work = run.proc, run.trajectory, run.result, run.upstream, run.work
     assert proc.returncode == 0 and len(upstream.requests) == 2, proc.stdout[-2000:]
     assert (work / "target.txt").read_text() == "fixed\n"
     assert_one_exact_sample(result, [upstream.output_ids(s) for s in steps])

@@ -6,16 +6,12 @@ adapter's."""
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-from sandboxed_session import TASK, run_in_bwrap
-from scripted_upstream import ScriptedUpstream, assert_one_exact_sample
-from test_harness import cli_install_source
+from sandboxed_session import TASK, HostSession, installed_tools, run_in_bwrap, run_on_host
+from scripted_upstream import assert_one_exact_sample
 
-from agentrl.adapter.serve import AdapterServer
-from agentrl.adapter.service import Adapter, AdapterConfig
 from agentrl.harness import PROBLEM_FILE, HarnessRun, get_harness
 from agentrl.harness.opencode import WEB_TOOLS, fires_at, read_opencode_json
 
@@ -84,13 +80,7 @@ def test_reading_opencode_json():
 
 @pytest.fixture(scope="module")
 def tools_dir(tmp_path_factory) -> Path:
-    """A host tools directory filled by the harness's own install (copied from `make clis`), readable by
-    the sandbox's agent user."""
-    cli_install_source()
-    tools = tmp_path_factory.mktemp("tools")
-    tools.chmod(0o755)
-    get_harness("opencode").install(tools)
-    return tools
+    return installed_tools(tmp_path_factory, "opencode")
 
 
 def shell_call(command: str) -> dict:
@@ -102,37 +92,17 @@ def shell_call(command: str) -> dict:
 FINAL = {"role": "assistant", "content": "Fixed: target.txt now says fixed."}
 
 
-def host_session(tiny_model, tools_dir: Path, tmp_path: Path, steps: list, *, task: str = TASK,
-                 style: str = "instruction", provider_options: dict | None = None, **adapter) -> tuple:
-    """The harness's own command (argv, env, files) against the adapter, on the host (sandbox paths are host
-    paths here): (process, trajectory, finish_session's reply, the upstream, the work dir)."""
-    work, home = tmp_path / "work", tmp_path / "home"
-    work.mkdir()
-    home.mkdir()
-    (work / "target.txt").write_text("bug\n")
-    (work / "opencode.json").write_text(json.dumps({"model": "elsewhere/model"}))   # the task's: never read
-    with ScriptedUpstream(tiny_model, steps) as upstream:
-        adapter_ = Adapter(AdapterConfig(tokenizer=tiny_model, upstreams=[upstream.url], max_context=131072,
-                                         **adapter))
-        with AdapterServer(adapter_) as server:
-            key = adapter_.sessions.open().key
-            run = HarnessRun(task_text=task, prompt_style=style, workdir=str(work), base_url=server.url,
-                             api_key=key, model="agentrl-tiny", max_new_tokens=3000, max_context=131072,
-                             home=str(home), tools_dir=str(tools_dir))
-            harness = get_harness("opencode")
-            cmd = harness.command(run)
-            for path, data in cmd.files.items():
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-                Path(path).write_bytes(data)
-            if provider_options:
-                config = json.loads(Path(cmd.env["OPENCODE_CONFIG"]).read_text())
-                config["provider"]["agentrl"]["options"].update(provider_options)
-                Path(cmd.env["OPENCODE_CONFIG"]).write_text(json.dumps(config))
-            env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", **cmd.env}
-            proc = subprocess.run(cmd.argv, cwd=work, env=env, capture_output=True, timeout=300,
-                                  stdin=subprocess.DEVNULL)
-            result = adapter_.sessions.finish(key).to_json()
-    return proc, harness.read_trajectory(proc.stdout, proc.stderr), result, upstream, work
+def host_session(tiny_model, tools_dir: Path, tmp_path: Path, steps: list, *, provider_options: dict | None = None,
+                 **kw) -> HostSession:
+    """run_on_host with the task's own opencode.json beside it (never read: it names another model), and
+    `provider_options` added to the provider the harness wrote."""
+    def prepare(work: Path, env: dict[str, str]) -> None:
+        (work / "opencode.json").write_text(json.dumps({"model": "elsewhere/model"}))
+        if provider_options:
+            config = json.loads(Path(env["OPENCODE_CONFIG"]).read_text())
+            config["provider"]["agentrl"]["options"].update(provider_options)
+            Path(env["OPENCODE_CONFIG"]).write_text(json.dumps(config))
+    return run_on_host("opencode", steps, tiny_model, tools_dir, tmp_path, prepare=prepare, **kw)
 
 
 @pytest.mark.integration
@@ -141,7 +111,8 @@ def test_a_real_opencode_session_from_the_harness_command_is_one_exact_sample(st
                                                                             tmp_path):
     task = TASK if style == "instruction" else f"- {TASK}"       # a dataset text that looks like a flag
     steps = [shell_call(f"cat {PROBLEM_FILE}; echo fixed > target.txt"), FINAL]
-    proc, traj, result, upstream, work = host_session(tiny_model, tools_dir, tmp_path, steps, task=task, style=style)
+    run = host_session(tiny_model, tools_dir, tmp_path, steps, task=task, style=style)
+    proc, traj, result, upstream, work = run.proc, run.trajectory, run.result, run.upstream, run.work
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     assert (work / "target.txt").read_text() == "fixed\n"
     assert traj.raw_ok and traj.final_text == FINAL["content"] and (traj.turns, traj.tool_calls) == (2, 1)
@@ -161,7 +132,8 @@ def test_its_retry_of_a_failed_turn_is_not_a_turn(tiny_model, tools_dir, tmp_pat
     """The model server fails once: the adapter answers 503, OpenCode sends the turn again, and the
     session is still one sample with each turn once."""
     steps = [{"fail": 500}, shell_call("echo fixed > target.txt"), FINAL]
-    proc, traj, result, upstream, work = host_session(tiny_model, tools_dir, tmp_path, steps)
+    run = host_session(tiny_model, tools_dir, tmp_path, steps)
+    proc, traj, result, upstream, work = run.proc, run.trajectory, run.result, run.upstream, run.work
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     assert len(upstream.requests) == 3 and (traj.turns, traj.tool_calls) == (2, 1)
     assert (work / "target.txt").read_text() == "fixed\n"
@@ -177,9 +149,9 @@ def test_a_turn_longer_than_its_chunk_timeout_completes_with_keepalives(keepaliv
     request and the session one sample; without any within the turn, OpenCode drops the stream and sends the
     turn again: two requests, and still one sample (the dropped turn is not recorded)."""
     steps = [{**FINAL, "delay_s": 4}, FINAL]
-    proc, traj, result, upstream, _ = host_session(tiny_model, tools_dir, tmp_path, steps, task="Say done.",
-                                                   style="dataset", provider_options={"chunkTimeout": 2000},
-                                                   keepalive_s=keepalive_s)
+    run = host_session(tiny_model, tools_dir, tmp_path, steps, task="Say done.", style="dataset",
+                       provider_options={"chunkTimeout": 2000}, keepalive_s=keepalive_s)
+    proc, traj, result, upstream = run.proc, run.trajectory, run.result, run.upstream
     assert proc.returncode == 0 and traj.final_text == FINAL["content"], proc.stdout[-2000:]
     assert len(upstream.requests) == (1 if keepalive_s < 2 else 2)
     assert_one_exact_sample(result, [upstream.output_ids(FINAL)])

@@ -23,6 +23,14 @@ from agentrl.harness import HarnessRun, Trajectory, get_harness
 TASK = "Replace the word bug in target.txt with fixed."
 
 
+def make_run(**kw: Any) -> HarnessRun:
+    """A run as the pool would make it, for tests of the command a harness builds."""
+    base: dict[str, Any] = dict(task_text="Fix the off-by-one in count().", prompt_style="instruction",
+                                workdir="/testbed", base_url="http://127.0.0.1:8000", api_key="sess-key",
+                                model="agentrl-tiny", max_new_tokens=16000, max_context=200000)
+    return HarnessRun(**{**base, **kw})
+
+
 @dataclass
 class SandboxedSession:
     proc: Any                      # the CLI's ExecResult

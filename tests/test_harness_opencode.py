@@ -9,22 +9,15 @@ import shutil
 from pathlib import Path
 
 import pytest
-from sandboxed_session import TASK, HostSession, installed_tools, run_in_bwrap, run_on_host
+from sandboxed_session import TASK, HostSession, installed_tools, make_run, run_in_bwrap, run_on_host
 from scripted_upstream import assert_one_exact_sample
 
-from agentrl.harness import PROBLEM_FILE, HarnessRun, get_harness
+from agentrl.harness import PROBLEM_FILE, get_harness
 from agentrl.harness.opencode import WEB_TOOLS, fires_at, read_opencode_json
 
 pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 
 CONFIG = "/home/agent/.config/opencode/opencode.json"
-
-
-def make_run(**kw) -> HarnessRun:
-    base = dict(task_text="Fix the off-by-one in count().", prompt_style="instruction", workdir="/testbed",
-                base_url="http://127.0.0.1:8000", api_key="sess-key", model="agentrl-tiny",
-                max_new_tokens=16000, max_context=200000)
-    return HarnessRun(**{**base, **kw})
 
 
 def test_the_command_points_a_custom_provider_at_the_adapter_and_turns_the_rest_off():

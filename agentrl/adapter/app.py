@@ -215,18 +215,23 @@ def create_app(adapter: Adapter, control_token: str) -> FastAPI:
     def count_chat(body: Any) -> Chat:
         return wire.anthropic_chat({**body, "max_tokens": 1} if isinstance(body, dict) else body)
 
-    @app.post("/v1/messages/count_tokens")
-    async def count_tokens(request: Request) -> Response:
+    async def count_route(request: Request, to_chat: Callable[[Any], Chat], error: Callable[..., JSONResponse],
+                          reply: Callable[[int], dict]) -> Response:
+        """The rendered prompt's token count, for a session's key, in the API's reply and error shapes."""
         async with AsyncExitStack() as cleanup:
             try:
                 adapter.sessions.get(_api_key(request))
-                chat = await chat_of(request, count_chat, cleanup)
+                chat = await chat_of(request, to_chat, cleanup)
                 n = await in_thread(adapter.count_tokens, chat)
             except (RequestError, SessionError) as e:
-                return anthropic_error(e.status, e.kind, str(e))
+                return error(e.status, e.kind, str(e))
             except WireError as e:
-                return anthropic_error(400, "invalid_request_error", str(e))
-            return JSONResponse({"input_tokens": n})
+                return error(400, "invalid_request_error", str(e))
+            return JSONResponse(reply(n))
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> Response:
+        return await count_route(request, count_chat, anthropic_error, lambda n: {"input_tokens": n})
 
     # ------------------------------------------------------------ OpenAI
 
@@ -262,26 +267,19 @@ def create_app(adapter: Adapter, control_token: str) -> FastAPI:
     async def gemini(request: Request, target: str) -> Response:
         try:
             model, method = wire_gemini.split_target(target)
-            stream = method == "streamGenerateContent"
-            if stream and request.query_params.get("alt") != "sse":
-                raise WireError("streamGenerateContent is served as server-sent events only: add ?alt=sse")
-        except WireError as e:
-            return gemini_error(404 if "serves" in str(e) else 400, "invalid_request_error", str(e))
+        except wire_gemini.UnknownMethod as e:
+            return gemini_error(404, "not_found_error", str(e))
+        stream = method == "streamGenerateContent"
+        if stream and request.query_params.get("alt") != "sse":
+            return gemini_error(400, "invalid_request_error",
+                                "streamGenerateContent is served as server-sent events only: add ?alt=sse")
 
         def to_chat(body: Any) -> Chat:
             return wire_gemini.gemini_chat(body, model=model, stream=stream)
-        if method == "countTokens":
-            async with AsyncExitStack() as cleanup:
-                try:
-                    adapter.sessions.get(_api_key(request))
-                    chat = await chat_of(request, lambda body: to_chat(
-                        body.get("generateContentRequest", body) if isinstance(body, dict) else body), cleanup)
-                    n = await in_thread(adapter.count_tokens, chat)
-                except (RequestError, SessionError) as e:
-                    return gemini_error(e.status, e.kind, str(e))
-                except WireError as e:
-                    return gemini_error(400, "invalid_request_error", str(e))
-                return JSONResponse({"totalTokens": n})
+        if method == "countTokens":     # its body is a GenerateContentRequest, or one under generateContentRequest
+            return await count_route(request, lambda body: to_chat(
+                body.get("generateContentRequest", body) if isinstance(body, dict) else body), gemini_error,
+                lambda n: {"totalTokens": n})
         return await serve_turn(request, to_chat, gemini_error, gemini_respond,
                                 lambda chat, turn: GeminiEvents(model_of(chat)))
 

@@ -40,6 +40,10 @@ STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENI
           499: "CANCELLED", 500: "INTERNAL", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
 
 
+class UnknownMethod(WireError):
+    """A models/MODEL:METHOD path whose method the adapter does not serve (404)."""
+
+
 def _obj(value: Any, where: str) -> Mapping[str, Any]:
     _need(isinstance(value, Mapping), f"{where} must be an object")
     return value
@@ -54,7 +58,7 @@ def split_target(target: str) -> tuple[str, str]:
     """`MODEL:METHOD` from the path, refused unless METHOD is one this adapter serves."""
     model, sep, method = target.rpartition(":")
     if not sep or not model or method not in METHODS:
-        raise WireError(f"models/{target}: the adapter serves models/MODEL:{', :'.join(METHODS)}")
+        raise UnknownMethod(f"models/{target}: the adapter serves models/MODEL:{', :'.join(METHODS)}")
     return model, method
 
 

@@ -55,6 +55,8 @@ def test_reading_gemini_stream_json():
     t = read_gemini_stream_json(b"YOLO mode is enabled.\n" + jsonl(EVENTS))
     assert (t.final_text, t.turns, t.tool_calls, t.exit_reason, t.raw_ok) == ("Done.", 2, 1, "success", True)
     assert not read_gemini_stream_json(jsonl(EVENTS[:-1])).raw_ok                 # no result line
+    calls_last = read_gemini_stream_json(jsonl([*EVENTS[:6], EVENTS[4], EVENTS[-1]]))    # its last reply a call
+    assert (calls_last.final_text, calls_last.turns, calls_last.tool_calls) == (None, 2, 2)
     failed = read_gemini_stream_json(jsonl([*EVENTS[:-1], {"type": "result", "status": "error"}]))
     assert not failed.raw_ok and failed.exit_reason == "error"
     assert not read_gemini_stream_json(b"\xff{not json\n[1]\n").raw_ok

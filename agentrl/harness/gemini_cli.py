@@ -100,7 +100,7 @@ def read_gemini_stream_json(stdout: bytes) -> Trajectory:
         is_reply = (kind == "message" and event.get("role") == "assistant") or kind == "tool_use"
         if is_reply and not in_reply:
             turns += 1
-            text = []
+            text, final = [], None
         in_reply = is_reply or (in_reply and kind not in ("tool_result", "init", "message", "result"))
         if kind == "tool_use":
             tool_calls += 1

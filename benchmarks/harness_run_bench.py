@@ -33,8 +33,7 @@ import yaml
 from agentrl.harness import HARNESSES
 from agentrl.models.tiny import make_tiny_model
 from agentrl.report.fidelity import check_run
-
-from .shared_fs_bench import launch_and_wait, place_demo
+from benchmarks.shared_fs_bench import launch_and_wait, place_demo
 
 RUN_TIMEOUT_S = 1800
 

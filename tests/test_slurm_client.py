@@ -21,13 +21,17 @@ def wait_until(check, timeout_s: float, what: str):
 
 def test_a_job_submitted_is_queued_its_steps_listed_and_cancelled(slurm_env, tmp_path):
     script = tmp_path / "job.sh"
-    script.write_text("#!/bin/bash\nsrun --job-name=napper sleep 300\n")
+    # The step says when its process runs: squeue lists a step while srun still launches it, and a signal
+    # then is refused ("Invalid job id specified", seen once under CI's load).
+    script.write_text("#!/bin/bash\nsrun --job-name=napper bash -c 'echo napping; exec sleep 300'\n")
     job = slurm.sbatch(script, "--partition=cpu", "--ntasks=1", "--mem=100", f"--output={tmp_path}/%j.out")
     assert job.isdigit()
     try:
         assert slurm.queued(job) == [job]
         steps = wait_until(lambda: [s for s in slurm.job_steps(job) if s[1] == "napper"], 60, "the step to run")
         assert steps == [(f"{job}.0", "napper")]
+        wait_until(lambda: "napping" in (tmp_path / f"{job}.out").read_text(errors="replace")
+                   if (tmp_path / f"{job}.out").exists() else False, 60, "the step's process to start")
         slurm.scancel([s for s, _ in steps], signal="TERM")          # the step alone is signalled
     finally:
         slurm.scancel([job])

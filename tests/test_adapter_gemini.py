@@ -118,6 +118,10 @@ def test_a_function_response_without_an_id_answers_the_oldest_open_call_of_its_n
      "contents[0].parts[0].functionCall.args must be an object"),
     ({"contents": [], "tools": [{"functionDeclarations": [{"description": "no name"}]}]},
      "tools[0].functionDeclarations[0].name must be a string"),
+    ({"contents": [{"role": "model", "parts": [{"text": "x", "thoughtSignature": "agentrl-reasoning-v1:%%"}]}]},
+     "contents[0].parts[0].thoughtSignature: holds the adapter's prefix but is corrupt"),
+    ({"contents": [{"role": "model", "parts": [{"text": "x", "thoughtSignature": 7}]}]},
+     "contents[0].parts[0].thoughtSignature: must be a string"),
 ])
 def test_malformed_requests_are_refused_naming_the_place(body, needle):
     with pytest.raises(WireError, match=needle.replace("(", r"\(").replace("[", r"\[").replace("]", r"\]")):
@@ -146,6 +150,17 @@ def test_routes_and_errors_are_in_googles_shape(tiny_model):
     assert count.status_code == 200 and count.json()["totalTokens"] > 5
     assert ok.status_code == 200 and len(script.requests) == 1
     assert ok.json()["modelVersion"] == "m"
+
+
+def test_a_body_over_the_limit_is_refused_in_googles_shape(tiny_model):
+    async def go():
+        _, script, c = make(tiny_model, [STEPS[2]], max_body_bytes=4096)
+        key = await open_session(c)
+        big = {"contents": [{"role": "user", "parts": [{"text": "x" * 8192}]}]}
+        return await c.post(URL, json=big, headers={"x-goog-api-key": key}), script
+    r, script = asyncio.run(go())
+    assert r.status_code == 413 and r.json()["error"]["status"] == "INVALID_ARGUMENT", r.text
+    assert "max_body_bytes" in r.json()["error"]["message"] and script.requests == []
 
 
 def test_split_target():

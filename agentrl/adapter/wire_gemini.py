@@ -29,7 +29,7 @@ from typing import Any
 
 from .parsers import ParsedOutput
 from .wire import Chat, WireError, _list, _need, _sampling
-from .wire_responses import _read_token, reasoning_token
+from .wire_responses import read_token, reasoning_token
 
 _SAMPLING = {"maxOutputTokens": "max_new_tokens", "temperature": "temperature", "topP": "top_p", "topK": "top_k",
              "stopSequences": "stop", "seed": "sampling_seed"}
@@ -108,8 +108,7 @@ def _model_turn(parts: list[Mapping[str, Any]], where: str) -> dict[str, Any]:
     signed: str | None = None
     for j, part in enumerate(parts):
         here = f"{where}.parts[{j}]"
-        token = _read_token(part.get("thoughtSignature"), here) if isinstance(part.get("thoughtSignature"), str) \
-            and part["thoughtSignature"] else None
+        token = read_token(part.get("thoughtSignature"), f"{here}.thoughtSignature")
         signed = token if token is not None else signed
         if "functionCall" in part:
             call = _obj(part["functionCall"], f"{here}.functionCall")

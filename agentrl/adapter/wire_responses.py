@@ -51,19 +51,19 @@ def reasoning_token(reasoning: str) -> str:
     return REASONING_TOKEN_PREFIX + base64.urlsafe_b64encode(reasoning.encode()).decode("ascii")
 
 
-def _read_token(token: Any, where: str) -> str | None:
-    """The reasoning a token of ours holds; None for no token or another issuer's."""
+def read_token(token: Any, where: str) -> str | None:
+    """The reasoning a token of ours holds; None for no token or another issuer's. `where` names the field
+    (a Responses item's encrypted_content, a Gemini part's thoughtSignature)."""
     if token is None:
         return None
     if not isinstance(token, str):
-        raise _bad(f"{where}.encrypted_content", "must be a string")
+        raise _bad(where, "must be a string")
     if not token.startswith(REASONING_TOKEN_PREFIX):
         return None
     try:
         return base64.b64decode(token[len(REASONING_TOKEN_PREFIX):], altchars=b"-_", validate=True).decode("utf-8")
     except (binascii.Error, UnicodeDecodeError):
-        raise _bad(f"{where}.encrypted_content", "holds the adapter's prefix but is corrupt: echo it as it was "
-                                                 "sent") from None
+        raise _bad(where, "holds the adapter's prefix but is corrupt: echo it as it was sent") from None
 
 
 # ---------------------------------------------------------------- requests
@@ -162,7 +162,7 @@ def _text(content: Any, where: str, sep: str = "\n") -> str:
 
 
 def _reasoning(item: Mapping[str, Any], where: str) -> str:
-    restored = _read_token(item.get("encrypted_content"), where)
+    restored = read_token(item.get("encrypted_content"), f"{where}.encrypted_content")
     if restored is not None:
         return restored
     texts = []

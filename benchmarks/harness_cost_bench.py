@@ -36,7 +36,8 @@ from agentrl.models.tiny import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = "builtin"
-DEFAULT = ("builtin", "mini_swe_agent_text", "claude_code", "qwen_code", "codex", "opencode", "gemini_cli")
+DEFAULT = ("builtin", "mini_swe_agent_text", "claude_code", "qwen_code", "codex", "opencode", "gemini_cli",
+           "openhands")
 NODE_GIB = 128
 DONE = {"role": "assistant", "content": "Done."}
 # mini-swe-agent ends on its submit command, not on a text reply (which is a format error to it)

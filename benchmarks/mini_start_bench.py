@@ -30,7 +30,8 @@ import subprocess
 import tempfile
 import time
 
-from agentrl.harness.mini_swe_agent import CHECKOUT_MINI, PYTHON, VERSION, launch_env, mini_ready
+from agentrl.harness.mini_swe_agent import CHECKOUT_MINI, VERSION, mini_ready
+from agentrl.harness.python_tool import PYTHON, launch_env
 
 ROOT = Path(__file__).resolve().parents[1]
 # litellm's side: the two packages our model classes replaced, at the versions the harness pinned, and

@@ -63,10 +63,10 @@ def test_registry_and_unknown_names():
     assert {n: h.protocol for n, h in HARNESSES.items()} == {
         "claude_code": "anthropic", "qwen_code": "openai", "codex": "openai", "mini_swe_agent": "openai",
         "mini_swe_agent_text": "openai", "codebuddy": "openai", "opencode": "openai", "gemini_cli": "gemini",
-        "builtin": "openai"}
+        "openhands": "openai", "builtin": "openai"}
     assert all(get_harness(n).name == n for n in HARNESSES)
     with pytest.raises(ValueError, match="builtin, claude_code, codebuddy, codex, gemini_cli, mini_swe_agent, "
-                                         "mini_swe_agent_text, opencode, qwen_code"):
+                                         "mini_swe_agent_text, opencode, openhands, qwen_code"):
         get_harness("aider")
 
 
@@ -80,7 +80,8 @@ def test_a_run_refuses_nonsense(change, error):
 
 
 # The default each harness sets that a user may want to replace: a flag on argv and a variable in env.
-# Codex, mini-swe-agent, OpenCode and Gemini CLI keep the model in their config file, which a --model flag beats.
+# Codex, mini-swe-agent, OpenCode, Gemini CLI and OpenHands keep the model in their config file, which a --model
+# flag beats.
 OVERRIDABLE = {"claude_code": ("--model", "CLAUDE_CODE_MAX_OUTPUT_TOKENS"),
                "qwen_code": ("--model", "QWEN_CODE_MAX_OUTPUT_TOKENS"),
                "codex": ("--model", "CODEX_HOME"),
@@ -89,6 +90,7 @@ OVERRIDABLE = {"claude_code": ("--model", "CLAUDE_CODE_MAX_OUTPUT_TOKENS"),
                "codebuddy": ("--model", "CODEBUDDY_API_KEY"),
                "opencode": ("--model", "OPENCODE_CONFIG"),
                "gemini_cli": ("--model", "GEMINI_CLI_NO_RELAUNCH"),
+               "openhands": ("--model", "OPENHANDS_LLM_API_KEY"),
                "builtin": ("--max-tokens", "OPENAI_API_KEY")}
 
 
@@ -133,6 +135,8 @@ def max_output(name: str, run: HarnessRun) -> int:
     if name == "opencode":
         return json.loads(cmd.files[f"{run.home}/.config/opencode/opencode.json"])["provider"]["agentrl"]["models"][
             run.model]["limit"]["output"]
+    if name == "openhands":
+        return json.loads(cmd.files[f"{run.home}/.config/agentrl-openhands.json"])["max_output_tokens"]
     if name.startswith("mini_swe_agent"):
         return json.loads(cmd.files[f"{run.home}/.config/mini-swe-agent/agentrl.yaml"])["model"]["model_kwargs"][
             "max_tokens"]

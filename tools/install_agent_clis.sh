@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install the agent CLIs the harnesses drive, at the versions agentrl/harness/install.py pins (PINNED_CLIS:
-# Claude Code, Qwen Code, Codex, from npm), into DIR (default: .agent-clis in the repo), and mini-swe-agent
-# (PyPI, pinned in agentrl/harness/mini_swe_agent.py, with a copy of this Python) into DIR/mini-swe-agent;
+# Claude Code, Qwen Code, Codex, OpenCode, Gemini CLI, from npm), into DIR (default: .agent-clis in the repo),
+# mini-swe-agent (PyPI, pinned in agentrl/harness/mini_swe_agent.py, with a copy of this Python) into
+# DIR/mini-swe-agent, and OpenHands' SDK (PyPI, pinned in agentrl/harness/openhands.py, with a copy of a
+# Python 3.12 of this host: it says so and goes on without OpenHands where there is none) into DIR/openhands;
 # then print the programs' paths. Skips npm and pip when DIR already runs exactly these versions; without
 # npm or the registries it stops with their answer and exit 1. What the CLIs send and how to run them
 # against the adapter: docs/agent-clis.md.

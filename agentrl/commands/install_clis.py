@@ -1,6 +1,6 @@
-"""`make clis` (tools/install_agent_clis.sh): the pinned agent CLIs and mini-swe-agent into a directory.
+"""`make clis` (tools/install_agent_clis.sh): the pinned agent CLIs, mini-swe-agent and OpenHands into a directory.
 
-The install is the harnesses' own (agentrl.harness.install, agentrl.harness.mini_swe_agent), the code
+The install is the harnesses' own (agentrl.harness.install, agentrl.harness.python_tool), the code
 they run when a tools directory lacks the CLIs: the pins and the readiness checks live in one place.
 """
 
@@ -16,7 +16,6 @@ from ..harness.install import (
     CLAUDE_BIN,
     CODEX_BIN,
     GEMINI_ENTRY,
-    MINI_DIR,
     QWEN_BIN,
     clis_ready,
     npm_install,
@@ -24,30 +23,39 @@ from ..harness.install import (
     pinned_cli_packages,
     place_atomically,
 )
-from ..harness.mini_swe_agent import LAUNCHER, PYTHON, build, mini_ready, refresh_mini
+from ..harness.mini_swe_agent import TOOL as MINI
+from ..harness.openhands import TOOL as OPENHANDS
+from ..harness.python_tool import PYTHON
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The pinned CLIs into DIR (an npm prefix) and mini-swe-agent into DIR/mini-swe-agent, then the paths
-    of the programs."""
+    """The pinned CLIs into DIR (an npm prefix), mini-swe-agent into DIR/mini-swe-agent and OpenHands into
+    DIR/openhands, then the paths of the programs."""
     p = argparse.ArgumentParser(prog="install_agent_clis.sh", description=main.__doc__)
     p.add_argument("dir", metavar="DIR", type=Path, help="the install's own directory (an npm prefix)")
     dest = p.parse_args(argv).dir.resolve()
-    mini = dest / MINI_DIR
+    python_tools = (MINI, OPENHANDS)
 
-    def npm_keeping_mini(tmp: Path) -> None:
+    def npm_keeping_python_tools(tmp: Path) -> None:
         npm_install(tmp, pinned_cli_packages(), dest)
-        if mini.is_dir():           # a new CLI pin need not cost mini-swe-agent's build
-            mini.rename(tmp / MINI_DIR)
+        for tool in python_tools:       # a new CLI pin need not cost their builds
+            if (dest / tool.dir).is_dir():
+                (dest / tool.dir).rename(tmp / tool.dir)
     try:
         if not clis_ready(dest):
-            place_atomically(dest, npm_keeping_mini, clis_ready)
-        if not refresh_mini(mini):
-            place_atomically(mini, lambda tmp: build(tmp, mini), mini_ready)
+            place_atomically(dest, npm_keeping_python_tools, clis_ready)
+        for tool in python_tools:
+            try:
+                tool.interpreter()
+            except HarnessInstallError as e:    # OpenHands needs a Python 3.12 this host may lack: the rest stays
+                print(f"install_agent_clis: not installing {tool.package}: {e}", file=sys.stderr)
+                continue
+            tool.install(dest)
     except HarnessInstallError as e:
         print(f"install_agent_clis: {e}", file=sys.stderr)
         return 1
     for program in (CLAUDE_BIN, QWEN_BIN, CODEX_BIN, opencode_bin(platform.machine()), GEMINI_ENTRY,
-                    f"{MINI_DIR}/{PYTHON} {mini}/{LAUNCHER}"):
+                    *(f"{tool.dir}/{PYTHON} {dest / tool.dir}/{tool.launcher}" for tool in python_tools
+                      if (dest / tool.dir).is_dir())):
         print(dest / program)
     return 0

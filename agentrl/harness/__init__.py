@@ -11,12 +11,13 @@ from .empty_patch import EmptyPatchClass, EmptyPatchPolicy, classify_empty_patch
 from .gemini_cli import GeminiCli
 from .mini_swe_agent import MiniSweAgent
 from .opencode import OpenCode
+from .openhands import OpenHands
 from .prompts import PROBLEM_FILE
 from .qwen_code import QwenCode
 
 HARNESSES: dict[str, Harness] = {h.name: h for h in (ClaudeCode(), QwenCode(), Codex(), MiniSweAgent("toolcall"),
                                                      MiniSweAgent("text"), CodeBuddy(), OpenCode(),
-                                                     GeminiCli(), Builtin())}
+                                                     GeminiCli(), OpenHands(), Builtin())}
 
 
 def get_harness(name: str) -> Harness:

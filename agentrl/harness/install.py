@@ -3,7 +3,8 @@
     TOOLS/clis/       Claude Code, Qwen Code, Codex, OpenCode and Gemini CLI at the pinned versions (PINNED_CLIS)
     TOOLS/node/bin/node   a Node.js for images without one (Qwen Code, Gemini CLI, CodeBuddy Code)
     TOOLS/codebuddy/  CodeBuddy Code (npm)
-    TOOLS/mini-swe-agent/   mini-swe-agent with a Python of its own (mini_swe_agent.py builds it)
+    TOOLS/mini-swe-agent/   mini-swe-agent with a Python of its own (python_tool.py builds it)
+    TOOLS/openhands/  OpenHands' SDK with a Python 3.12 of its own (likewise)
     TOOLS/builtin_agent.py
 
 Everything is built beside its final place and renamed in, so a concurrent install or a killed one
@@ -72,6 +73,8 @@ def opencode_bin(machine: str) -> str:
 # `make clis` also builds mini-swe-agent (agentrl/harness/mini_swe_agent.py) in this folder of the checkout's
 # .agent-clis, and the harness puts it into TOOLS/mini-swe-agent.
 MINI_DIR = "mini-swe-agent"
+OPENHANDS_DIR = "openhands"
+PYTHON_TOOL_DIRS = (MINI_DIR, OPENHANDS_DIR)
 NODE_BIN_DIR = "node/bin"
 NODE_BIN = f"{NODE_BIN_DIR}/node"
 MIN_NODE_MAJOR = 20
@@ -134,9 +137,10 @@ def install_clis(tools_dir: Path) -> Path:
 
     def build(tmp: Path) -> None:
         if clis_ready(CHECKOUT_CLIS):
-            # The npm tree only: mini-swe-agent's build beside it has a place of its own in the tools dir
+            # The npm tree only: the Python agents' builds beside it have places of their own in the tools dir
             # (and a dot-folder is someone's build in progress).
-            parts = [str(p) for p in CHECKOUT_CLIS.iterdir() if p.name != MINI_DIR and not p.name.startswith(".")]
+            parts = [str(p) for p in CHECKOUT_CLIS.iterdir()
+                     if p.name not in PYTHON_TOOL_DIRS and not p.name.startswith(".")]
             r = subprocess.run(["cp", "-a", "--reflink=auto", *parts, str(tmp)], capture_output=True, text=True)
             if r.returncode == 0:
                 return

@@ -77,10 +77,8 @@ def test_no_python_new_enough_is_refused_naming_the_fix(monkeypatch, tmp_path):
         find_python(MIN_PYTHON, f"OpenHands (openhands-sdk {VERSION})")
 
 
-@pytest.fixture(scope="module")
-def tools_dir() -> Path:
-    """The checkout's `make clis` tree itself: copying its 0.5 GB into a tools directory of the test's own is
-    what test_harness_mini_swe_agent.py tests of the same install code (python_tool.PythonTool)."""
+def require_openhands() -> None:
+    """Skip where this machine has no Python 3.12 to run OpenHands; else the checkout's build must run."""
     try:
         TOOL.interpreter()
     except HarnessInstallError as e:        # this machine cannot run OpenHands at all
@@ -88,6 +86,13 @@ def tools_dir() -> Path:
     if not TOOL.ready(TOOL.checkout):
         skip_or_fail("the OpenHands harness tests", f"{TOOL.checkout} does not run openhands-sdk {VERSION}: "
                                                     f"run `make clis`")
+
+
+@pytest.fixture(scope="module")
+def tools_dir() -> Path:
+    """The checkout's `make clis` tree itself: copying its 0.5 GB into a tools directory of the test's own is
+    what test_harness_mini_swe_agent.py tests of the same install code (python_tool.PythonTool)."""
+    require_openhands()
     return TOOL.checkout.parent
 
 

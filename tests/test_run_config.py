@@ -43,6 +43,10 @@ def test_launch_refuses_a_bad_eval_or_pool_section_before_anything_is_submitted(
     cases = [({"eval": {"tasks": "t.jsonl", "n_samples": 0}}, "eval.n_samples: Input should be greater than 0"),
              ({"pool": {"max_agents": "many"}}, "pool.max_agents: Input should be a valid integer"),
              ({"pool": {"harnes": "builtin"}}, "pool.harnes: unknown key (a typo?)"),
+             ({"pool": {"harness": "aider"}}, "pool.harness: unknown harness 'aider'; known: builtin, claude_code"),
+             ({"pool": {"harness": "openhands", "adapter": {"max_context": 8192, "max_new_tokens": 512}}},
+              "pool: harness openhands needs adapter.max_context >= 16384 (the OpenHands SDK refuses a smaller context "
+              "window at start); got 8192: raise adapter.max_context"),
              ({"evaluation": {}}, "evaluation: unknown section (a typo?")]
     for extra, message in cases:
         config = write(tmp_path / "run.yaml", {**base, **extra})

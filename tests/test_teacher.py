@@ -39,7 +39,7 @@ pytestmark = pytest.mark.integration
 
 pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 ROOT = Path(__file__).resolve().parents[1]
-PROTOCOLS_ASKED = list(PROTOCOLS)       # tool calls, mini's tool calls, mini's text: in that order above
+PROTOCOLS_ASKED = list(PROTOCOLS)       # tool calls, mini's tool calls, mini's text, OpenHands': in that order below
 
 
 def test_every_hint_is_a_literal_sed_that_makes_the_fix(tmp_path):
@@ -102,9 +102,18 @@ def test_the_teacher_answers_in_the_protocol_its_prompt_asks_for():
     """mini-swe-agent's prompts ask for one action a reply and end a session only at its submit command."""
     mini = f"<|im_start|>user\nRead PROBLEM_STATEMENT.md, then `echo {MINI_SUBMIT}`<|im_end|>\n"
     text = f"<|im_start|>system\nOne block:\n```{MINI_TEXT_BLOCK}\ncmd\n```<|im_end|>\n" + mini
-    assert [protocol(p) for p in ("<|im_start|>user\nRead PROBLEM_STATEMENT.md", mini, text)] == PROTOCOLS_ASKED
+    openhands = '<tools>\n{"type": "function", "function": {"name": "terminal", "description": "Run"}}\n</tools>'
+    assert [protocol(p) for p in ("<|im_start|>user\nRead PROBLEM_STATEMENT.md", mini, text, openhands)] \
+        == PROTOCOLS_ASKED
     for mistake in (None, *MISTAKES):
-        tool, calls, texts = (plan(mistake, p) for p in ("tool", "mini", "mini_text"))
+        tool, calls, texts, terminal = (plan(mistake, p) for p in ("tool", "mini", "mini_text", "terminal"))
+        assert [t.get("tool_calls", [{"function": {"name": "bash"}}])[0]["function"]["name"] for t in tool] \
+            == ["bash"] * len(tool)
+        assert [{**t, "tool_calls": [{"function": {**c["function"], "name": "bash"}} for c in t["tool_calls"]]}
+                if "tool_calls" in t else t for t in terminal] == [
+            {**t, "tool_calls": [{"function": c["function"]} for c in t["tool_calls"]]} if "tool_calls" in t else t
+            for t in tool]                                            # the same turns, the tool named terminal
+        assert {c["function"]["name"] for t in terminal for c in t.get("tool_calls", [])} == {"terminal"}
         commands = [t["tool_calls"][0]["function"]["arguments"]["command"] for t in tool if "tool_calls" in t]
         assert "tool_calls" not in tool[-1]                                   # the builtin agent stops on a text
         assert [t["tool_calls"][0]["function"]["arguments"]["command"] for t in calls] == [
@@ -118,13 +127,18 @@ def test_the_teacher_answers_in_the_protocol_its_prompt_asks_for():
 
 @pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0,
                     reason="needs bubblewrap (make sysdeps) and root for overlay mounts")
-@pytest.mark.parametrize("harness, n_tasks", [("builtin", 6), ("mini_swe_agent_text", 2)])
+@pytest.mark.parametrize("harness, n_tasks", [("builtin", 6), ("mini_swe_agent_text", 2), ("openhands", 2)])
 def test_teacher_demonstrations_through_the_real_loop_are_graded_and_saved(harness, n_tasks, tiny_model, tmp_path):
-    """The builtin agent, and the real mini-swe-agent CLI in its text format (docs/harnesses.md)."""
+    """The builtin agent, the real mini-swe-agent CLI in its text format and the real OpenHands SDK
+    (docs/harnesses.md): each task solved or not in a sandbox, graded by its tests."""
+    if harness == "openhands":
+        from test_harness_openhands import require_openhands
+        require_openhands()
     tasks = tmp_path / "tasks"
     gen.generate("pyfix-hint", "train", 7, n_tasks, tasks)
     pool = {"harness": harness, "prompt_style": "instruction", "max_agents": 2, "max_booting": 2,
-            "adapter": {"max_new_tokens": 96, "max_context": 8192}, "lease_s": 60, "tools_dir": str(tmp_path / "tools")}
+            "adapter": {"max_new_tokens": 96, "max_context": 8192 if harness != "openhands" else 16384}, "lease_s": 60,
+            "tools_dir": str(tmp_path / "tools")}
     cfg = tmp_path / "teach.yaml"
     cfg.write_text(yaml.safe_dump({"eval": {"tasks": str(tasks), "n_samples": 2, "seed": 3, "engine": "teacher",
                                             "teacher_accuracy": 0.5, "save_samples": True, "pool": pool}}))

@@ -20,6 +20,16 @@ HARNESSES: dict[str, Harness] = {h.name: h for h in (ClaudeCode(), QwenCode(), C
                                                      GeminiCli(), OpenHands(), Builtin())}
 
 
+def check_harness(name: str, max_context: int) -> None:
+    """Refuse at launch a window below what the harness's CLI accepts (and an unknown name)."""
+    harness = get_harness(name)
+    least = getattr(harness, "min_context", 0)
+    if max_context < least:
+        why = getattr(harness, "min_context_why", "")
+        raise ValueError(f"harness {name} needs adapter.max_context >= {least} ({why}); "
+                         f"got {max_context}: raise adapter.max_context or choose another harness")
+
+
 def get_harness(name: str) -> Harness:
     try:
         return HARNESSES[name]
@@ -28,4 +38,5 @@ def get_harness(name: str) -> Harness:
 
 
 __all__ = ["HARNESSES", "PROBLEM_FILE", "AgentCommand", "EmptyPatchClass", "EmptyPatchPolicy", "Harness",
-           "HarnessInstallError", "HarnessRun", "Trajectory", "classify_empty_patch", "decide", "get_harness"]
+           "HarnessInstallError", "HarnessRun", "Trajectory", "check_harness", "classify_empty_patch", "decide",
+           "get_harness"]

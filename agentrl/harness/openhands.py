@@ -93,6 +93,9 @@ def config(run: HarnessRun) -> dict:
 class OpenHands:
     name = "openhands"
     protocol: WireProtocol = "openai"
+    # The SDK refuses a smaller window at start (LLMContextWindowTooSmallError): every attempt would fail.
+    min_context = 16384
+    min_context_why = "the OpenHands SDK refuses a smaller context window at start"
 
     def install(self, tools_dir: Path) -> None:
         TOOL.install(tools_dir)

@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hpc.validation import validate_section
 
 from ..adapter.settings import AdapterSettings
+from ..harness import check_harness, get_harness
 
 
 class PoolConfigError(ValueError):
@@ -27,7 +28,7 @@ def moved_to_adapter(section: Any) -> list[str]:
 class PoolConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    # claude_code | qwen_code | codex | opencode | gemini_cli | mini_swe_agent[_text] | codebuddy | builtin
+    # claude_code | qwen_code | codex | opencode | gemini_cli | openhands | mini_swe_agent[_text] | codebuddy | builtin
     harness: str = "builtin"
     prompt_style: Literal["instruction", "dataset"] = "instruction"
     runtime: Literal["bwrap", "apptainer", "local"] = "bwrap"
@@ -59,6 +60,12 @@ class PoolConfig(BaseModel):
     extra_args: list[str] = Field(default_factory=list)
     extra_env: dict[str, str] = Field(default_factory=dict)
 
+    @field_validator("harness")
+    @classmethod
+    def _known_harness(cls, name: str) -> str:
+        get_harness(name)      # its ValueError names the known ones
+        return name
+
     @model_validator(mode="before")
     @classmethod
     def _moved_to_adapter(cls, data: Any) -> Any:
@@ -79,6 +86,7 @@ class PoolConfig(BaseModel):
         if self.adapter.max_new_tokens >= self.adapter.max_context:
             raise ValueError(f"adapter.max_new_tokens {self.adapter.max_new_tokens} must be below "
                              f"adapter.max_context {self.adapter.max_context}")
+        check_harness(self.harness, self.adapter.max_context)    # the window it needs
         return self
 
     def sampling(self, rollout_temperature: float) -> dict[str, float | int]:

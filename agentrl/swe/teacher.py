@@ -11,7 +11,7 @@ attempt's choice is a function of the teacher's seed and the request's sampling_
 all its turns, so a re-run records the same trajectories.
 
 It answers in the protocol its prompt asks for, as a stronger model would (`protocol`): tool calls
-(the builtin agent, Claude Code and the other tool-calling CLIs), or mini-swe-agent's, whose every
+to `bash` (the builtin agent), to `terminal` (OpenHands), or mini-swe-agent's, whose every
 reply must hold one action and whose session ends only with its submit command: with tool calls
 (`mini_swe_agent`), or as one fenced ```mswea_bash_command block with a THOUGHT before it
 (`mini_swe_agent_text`).
@@ -49,13 +49,14 @@ FIX = f"grep -o 'sed -i [^`]*' {PROBLEM_FILE} | sh"
 FIX_PATCH = f"sed -n '/^\\x60\\x60\\x60diff$/,/^\\x60\\x60\\x60$/{{//!p}}' {PROBLEM_FILE} | git apply"
 LOOK = "grep -n '' */*.py"      # every line of the package and its tests, numbered, with the file's name
 TEST = "python3 -m unittest"
-PROTOCOLS = ("tool", "mini", "mini_text")
+PROTOCOLS = ("tool", "mini", "mini_text", "terminal")
 MINI_TEXT_BLOCK = "mswea_bash_command"     # mini_textbased.yaml's action: the one fenced block of this kind
+TERMINAL_TOOL = '"name": "terminal"'       # OpenHands' shell tool, as the chat template renders its declaration
 
 
-def _bash(command: str) -> dict[str, Any]:
+def _bash(command: str, tool: str = "bash") -> dict[str, Any]:
     return {"role": "assistant", "content": "",
-            "tool_calls": [{"type": "function", "function": {"name": "bash", "arguments": {"command": command}}}]}
+            "tool_calls": [{"type": "function", "function": {"name": tool, "arguments": {"command": command}}}]}
 
 
 def _say(text: str) -> dict[str, Any]:
@@ -67,10 +68,13 @@ def _text_action(command: str) -> dict[str, Any]:
 
 
 def protocol(prompt: str) -> str:
-    """The protocol a prompt asks for: mini-swe-agent's text format, its tool calls, or plain tool calls."""
+    """The protocol a prompt asks for: mini-swe-agent's text format, its tool calls, OpenHands' terminal, or
+    plain tool calls."""
     if f"```{MINI_TEXT_BLOCK}" in prompt:
         return "mini_text"
-    return "mini" if MINI_SUBMIT in prompt else "tool"
+    if MINI_SUBMIT in prompt:
+        return "mini"
+    return "terminal" if TERMINAL_TOOL in prompt else "tool"
 
 
 def plan(mistake: str | None, protocol: str = "tool", fix: str = FIX) -> list[dict[str, Any]]:
@@ -84,8 +88,8 @@ def plan(mistake: str | None, protocol: str = "tool", fix: str = FIX) -> list[di
         commands, last = [READ, LOOK, TEST], "The tests pass; nothing to change."
     else:
         commands, last = [READ, fix.rsplit(" | ", 1)[0] if mistake == "dry-run" else fix, LOOK, TEST], "Done."
-    if protocol == "tool":
-        return [*map(_bash, commands), _say(last)]
+    if protocol in ("tool", "terminal"):
+        return [*(_bash(c, "bash" if protocol == "tool" else "terminal") for c in commands), _say(last)]
     # mini-swe-agent ends a session only at its submit command: a reply without an action is a format error
     commands.append(f"echo {MINI_SUBMIT}")
     return [*map(_text_action if protocol == "mini_text" else _bash, commands)]

@@ -36,7 +36,7 @@ from hpc.validation import ConfigFileError, read_yaml_file
 
 from .eval.config import EvalConfig, EvalConfigError, load_eval_config
 from .pool.config import PoolConfig, PoolConfigError, load_pool_config
-from .train.config import TrainConfig, TrainConfigError, load_train_config
+from .train.config import TrainConfig, TrainConfigError, load_train_config, moe_tensor_parallel_refusal
 
 SECTIONS = ("launch", "inference", "train", "pool", "eval")
 TOP_LEVEL = ("run_id", "run_dir", "config_dir", *SECTIONS)
@@ -141,30 +141,43 @@ def load_run_config(data: Any, base: Path, source: str, *, partitions: dict[str,
             typed["pool"].sampling(typed["train"].rollout_temperature)
         except PoolConfigError as e:
             problems.append(f"{source}: {e}")
-    if "train" in typed and typed["train"].routing_replay:
+    if "train" in typed:
         problems.extend(f"{source}: {problem}" for problem in
-                        routing_replay_problems(typed["train"], typed.get("pool"), typed.get("inference")))
+                        moe_problems(typed["train"], typed.get("pool"), typed.get("inference")))
     if problems:
         raise RunConfigError("\n".join(problems))
     return RunConfig(source=source, raw=raw, missing_paths=tuple(missing), **typed)
 
 
-def routing_replay_problems(train: TrainConfig, pool: PoolConfig | None,
-                            inference: CpuServe | SGLangServe | None) -> list[str]:
-    """Why train.routing_replay cannot work with these sections: a model without MoE layers (when its
-    config.json is there to read), or a part of the path that would not carry the routes."""
-    problems = []
+def model_moe_problems(train: TrainConfig) -> tuple[bool | None, list[str]]:
+    """Whether the train model is a mixture of experts (None: its config.json is not there to read), and why
+    it cannot be read."""
     config = train.model / "config.json"
-    if config.is_file():
-        try:
-            shape = routing.moe_shape(SimpleNamespace(**{"decoder_sparse_step": 1, "mlp_only_layers": (),
-                                                          **json.loads(config.read_text())}))
-        except (ValueError, AttributeError, TypeError) as e:
-            problems.append(f"train.routing_replay: {config} cannot be read as a model's config: {e}")
-        else:
-            if shape is None:
-                problems.append(f"train.routing_replay: the model at {train.model} has no MoE layer (its config.json "
-                                "names no num_experts and num_experts_per_tok): nothing to replay; set it to false")
+    if not config.is_file():
+        return None, []
+    try:
+        shape = routing.moe_shape(SimpleNamespace(**{"decoder_sparse_step": 1, "mlp_only_layers": (),
+                                                      **json.loads(config.read_text())}))
+    except (ValueError, AttributeError, TypeError) as e:
+        return None, [f"train: {config} cannot be read as a model's config: {e}"]
+    return shape is not None, []
+
+
+def moe_problems(train: TrainConfig, pool: PoolConfig | None, inference: CpuServe | SGLangServe | None) -> list[str]:
+    """Why a mixture of experts, or train.routing_replay, cannot work with these sections: replay of a model
+    without MoE layers (when its config.json is there to read), a part of the path that would not carry the
+    routes, an MoE split over the megatron backend's tensor-parallel ranks."""
+    split = train.backend == "megatron" and train.megatron.tensor_parallel_size > 1
+    if not (train.routing_replay or split):
+        return []
+    moe, problems = model_moe_problems(train)
+    if moe and split:
+        problems.append(moe_tensor_parallel_refusal(train.megatron.tensor_parallel_size))
+    if not train.routing_replay:
+        return problems
+    if moe is False:
+        problems.append(f"train.routing_replay: the model at {train.model} has no MoE layer (its config.json "
+                        "names no num_experts and num_experts_per_tok): nothing to replay; set it to false")
     if pool is not None and not pool.adapter.return_routed_experts:
         problems.append("train.routing_replay needs pool.adapter.return_routed_experts: true (the adapter then asks "
                         "for each token's experts and keeps them in the samples)")

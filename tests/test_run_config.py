@@ -173,3 +173,13 @@ def test_routing_replay_is_refused_where_no_route_would_reach_the_trainer(tiny_m
     for backend in ("torch", "megatron"):       # megatron replays through megatron-core's router hook
         cfg = load_run_config(config(tiny_moe_model, adapter=True, servers=True, backend=backend), tmp_path, "run.yaml")
         assert cfg.train.routing_replay and cfg.pool.adapter.return_routed_experts and cfg.train.backend == backend
+    # An MoE over the megatron backend's tensor-parallel ranks: megatron-core needs Transformer Engine for it
+    split = config(tiny_moe_model, adapter=True, servers=True, backend="megatron")
+    split["train"]["megatron"] = {"tensor_parallel_size": 2}
+    with pytest.raises(RunConfigError, match=r"run.yaml: train.megatron.tensor_parallel_size 2 with a "
+                                             r"mixture-of-experts model: megatron-core 0.16 trains .* set "
+                                             r"tensor_parallel_size: 1"):
+        load_run_config(split, tmp_path, "run.yaml")
+    dense = config(tiny_model, backend="megatron")
+    dense["train"].update(routing_replay=False, megatron={"tensor_parallel_size": 2})
+    assert load_run_config(dense, tmp_path, "run.yaml").train.megatron.tensor_parallel_size == 2

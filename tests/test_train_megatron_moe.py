@@ -4,6 +4,9 @@ the CUDA touch points patched (tests/megatron_cpu.py)."""
 
 from __future__ import annotations
 
+import multiprocessing
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -72,10 +75,11 @@ def make_batch(cfg: TrainConfig, routes: str) -> RolloutBatch:
     return batch
 
 
-def megatron_policy(cfg: TrainConfig, **update):
+def megatron_policy(cfg: TrainConfig, tensor_parallel_size: int = 1, **update):
     from agentrl.train.megatron_backend import MegatronOptions, MegatronPolicy
 
-    return MegatronPolicy(cfg.model, cfg.model_copy(update=update), MegatronOptions())
+    return MegatronPolicy(cfg.model, cfg.model_copy(update=update),
+                          MegatronOptions(tensor_parallel_size=tensor_parallel_size))
 
 
 def logprobs(policy, batch: RolloutBatch) -> torch.Tensor:
@@ -172,6 +176,40 @@ def test_save_load_and_export_keep_the_experts(megatron_cpu, cfg, tmp_path):
     ids = torch.from_numpy(np.stack([s.tokens[:12] for s in batch.samples])).long()
     with torch.no_grad():
         assert (trained.logits(trained.module, ids) - exported(input_ids=ids).logits).abs().max() < 1e-4
+
+
+# ---------------------------------------------------------------- two CPU ranks, tensor parallel
+
+def test_an_moe_split_over_tensor_parallel_ranks_is_refused_naming_why(megatron_cpu, cfg, tmp_path):
+    """megatron-core 0.16.1 raises in an MoE layer's training forward over tensor-parallel ranks without
+    sequence parallelism, and its torch norms (the local spec) refuse sequence parallelism: found with this
+    test's first version, which trained on 2 ranks. The backend says so before building anything."""
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    ranks = [ctx.Process(target=_tensor_parallel_rank, args=(r, tmp_path, cfg, results)) for r in (0, 1)]
+    for p in ranks:
+        p.start()
+    for p in ranks:
+        p.join(timeout=120)
+    assert [p.exitcode for p in ranks] == [0, 0]
+    for refusal in (results.get(timeout=1) for _ in ranks):
+        assert refusal.startswith("NotImplementedError: train.megatron.tensor_parallel_size 2 with a "
+                                  "mixture-of-experts model: megatron-core 0.16 trains") \
+            and refusal.endswith("set tensor_parallel_size: 1 (data parallelism over more ranks is supported)")
+
+
+def _tensor_parallel_rank(rank: int, tmp_path: Path, cfg: TrainConfig, results) -> None:
+    import torch.distributed as dist
+    from megatron_cpu import cuda_touch_points_on_cpu, model_parallel
+
+    with cuda_touch_points_on_cpu(), \
+            model_parallel(2, rank=rank, world_size=2, store=dist.FileStore(str(tmp_path / "tp-store"), 2)):
+        try:
+            megatron_policy(cfg, routing_replay=True, tensor_parallel_size=2)
+        except NotImplementedError as e:
+            results.put(f"NotImplementedError: {e}")
+        else:
+            results.put("built")
 
 
 # ---------------------------------------------------------------- a GPU, unpatched (tools/gpu_check.sh: moe)

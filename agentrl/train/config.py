@@ -16,6 +16,15 @@ class TrainConfigError(ValueError):
     pass
 
 
+def moe_tensor_parallel_refusal(tensor_parallel_size: int) -> str:
+    """Why the megatron backend does not split a mixture of experts over tensor-parallel ranks (found running it)."""
+    return (f"train.megatron.tensor_parallel_size {tensor_parallel_size} with a mixture-of-experts model: "
+            "megatron-core 0.16 trains an MoE split over tensor-parallel ranks only with sequence parallelism "
+            "(its MoE layer raises otherwise), and sequence parallelism only with Transformer Engine's or Apex's "
+            "norms, while the backend builds the local layer spec (torch norms, no Transformer Engine); set "
+            "tensor_parallel_size: 1 (data parallelism over more ranks is supported)")
+
+
 class MegatronOptions(BaseModel):
     """`train.megatron`: model parallelism for backend: megatron (agentrl/train/megatron_backend.py)."""
 

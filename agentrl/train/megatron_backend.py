@@ -26,7 +26,7 @@ from torch import Tensor
 
 from . import megatron_replay
 from .batch import RolloutBatch, StepPlan
-from .config import MegatronOptions, TrainConfig
+from .config import MegatronOptions, TrainConfig, moe_tensor_parallel_refusal
 from .megatron_convert import (
     HFWeights,
     hf_to_megatron,
@@ -87,6 +87,8 @@ class MegatronPolicy:
         if self.hf_config.vocab_size % self.tp_size:
             raise ValueError(f"vocab_size {self.hf_config.vocab_size} does not split over tensor_parallel_size "
                              f"{self.tp_size}")
+        if moe_experts(self.hf_config) and self.tp_size > 1:
+            raise NotImplementedError(moe_tensor_parallel_refusal(self.tp_size))
         if cfg.routing_replay and not moe_experts(self.hf_config):
             raise ValueError(f"train.routing_replay: the model at {model_dir} has no MoE layer: nothing to replay")
         hf_state = HFWeights(self.model_dir)

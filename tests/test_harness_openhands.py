@@ -112,7 +112,8 @@ FINISH = {"role": "assistant", "content": "Done.", "reasoning_content": "It says
 def test_a_real_openhands_session_from_the_harness_command_is_one_exact_sample(tiny_model, tools_dir, tmp_path):
     """A slow first turn (2 s) included: OpenHands asks without streaming, so no keepalive holds a turn, and its
     read timeout (the harness sets 3600 s, the SDK's default is 300 s) is what a slow model must beat."""
-    steps = [{**terminal(f"cat {PROBLEM_FILE}"), "delay_s": 2}, terminal("echo fixed > target.txt"), FINISH]
+    steps = [{**terminal(f"cat {PROBLEM_FILE}; echo key:${{OPENHANDS_LLM_API_KEY:-none}}"), "delay_s": 2},
+             terminal("echo fixed > target.txt"), FINISH]
     run = run_on_host("openhands", steps, tiny_model, tools_dir, tmp_path)
     proc, traj, result, upstream, work = run.proc, run.trajectory, run.result, run.upstream, run.work
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
@@ -124,6 +125,7 @@ def test_a_real_openhands_session_from_the_harness_command_is_one_exact_sample(t
     first, second = (upstream.tokenizer.decode(r["input_ids"]) for r in upstream.requests[:2])
     assert set(re.findall(r'"function", "function": \{"name": "(\w+)"', first)) == OFFERED
     assert TASK in second and TASK not in first          # the task came from PROBLEM_STATEMENT.md
+    assert "key:none" in second                          # the launcher took the session key out of the shell's env
     assert_one_exact_sample(result, [upstream.output_ids(s) for s in steps])
 
 

@@ -30,7 +30,7 @@ import subprocess
 import tempfile
 import time
 
-from agentrl.harness.mini_swe_agent import CHECKOUT_MINI, VERSION, mini_ready
+from agentrl.harness.mini_swe_agent import CHECKOUT_MINI, TOOL, VERSION
 from agentrl.harness.python_tool import PYTHON, launch_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error(f"--runs must be 1 or more, got {args.runs}")
-    if not mini_ready(CHECKOUT_MINI):
+    if not TOOL.ready(CHECKOUT_MINI):
         raise SystemExit(f"mini_start_bench: {CHECKOUT_MINI} does not run mini-swe-agent {VERSION}: run `make clis`")
     work = args.work.resolve()
     (work / "home").mkdir(parents=True, exist_ok=True)

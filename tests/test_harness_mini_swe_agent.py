@@ -19,7 +19,7 @@ from scripted_upstream import ScriptedUpstream, logprob
 from agentrl.adapter.serve import AdapterServer
 from agentrl.adapter.service import Adapter, AdapterConfig
 from agentrl.harness import PROBLEM_FILE, HarnessInstallError, HarnessRun, get_harness, mini_swe_agent_run
-from agentrl.harness.mini_swe_agent import CHECKOUT_MINI, SUBMIT, VERSION, install_mini, mini_ready, pip_install
+from agentrl.harness.mini_swe_agent import CHECKOUT_MINI, SUBMIT, TOOL, VERSION
 
 pytest_plugins = ["tiny_assets"]  # the session fixture tiny_model
 
@@ -93,13 +93,13 @@ def test_an_install_without_a_package_index_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
     with pytest.raises(HarnessInstallError, match=r"pip could not install mini-swe-agent==2.4.6 into .*dest "
                                                   r"\(it needs PyPI or a pip index\)"):
-        pip_install(tmp_path / "site", tmp_path / "dest")
+        TOOL.pip_install(tmp_path / "site", tmp_path / "dest")
 
 
 @pytest.fixture(scope="module")
 def tools_dir(tmp_path_factory) -> Path:
     """A tools directory filled by the harness's own install (a copy of `make clis`'s build)."""
-    if not mini_ready(CHECKOUT_MINI):
+    if not TOOL.ready(CHECKOUT_MINI):
         problem = f"{CHECKOUT_MINI} does not run mini-swe-agent {VERSION}: run `make clis`"
         skip_or_fail("the agent CLI tests", problem)
     tools = tmp_path_factory.mktemp("tools")
@@ -111,18 +111,18 @@ def tools_dir(tmp_path_factory) -> Path:
 @pytest.mark.integration
 def test_install_is_idempotent_and_relocatable(tools_dir):
     inode = (tools_dir / "mini-swe-agent").stat().st_ino
-    install_mini(tools_dir)
+    TOOL.install(tools_dir)
     assert (tools_dir / "mini-swe-agent").stat().st_ino == inode       # already right: nothing is redone
     model = tools_dir / "mini-swe-agent/site/agentrl_mini_model.py"
     ours = model.read_bytes()
     model.write_bytes(b"# an older checkout's\n")
-    assert not mini_ready(tools_dir / "mini-swe-agent")
-    install_mini(tools_dir)        # our own files are rewritten, mini is not built again
+    assert not TOOL.ready(tools_dir / "mini-swe-agent")
+    TOOL.install(tools_dir)        # our own files are rewritten, mini is not built again
     assert model.read_bytes() == ours and (tools_dir / "mini-swe-agent").stat().st_ino == inode
     moved = tools_dir / "elsewhere"
     (tools_dir / "mini-swe-agent").rename(moved)
     try:
-        assert mini_ready(moved)       # no absolute path inside: it runs wherever it is mounted
+        assert TOOL.ready(moved)       # no absolute path inside: it runs wherever it is mounted
     finally:
         moved.rename(tools_dir / "mini-swe-agent")
 

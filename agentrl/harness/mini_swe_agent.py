@@ -52,7 +52,6 @@ TOOL = PythonTool(dir=DIR, package=PACKAGE, version=VERSION, pins=(*PINS, f"{PAC
                   own_files=((LAUNCHER_SOURCE, "agentrl_mini.py"), (MODEL_SOURCE, "site/agentrl_mini_model.py")),
                   interpreter=running_python)
 CHECKOUT_MINI = TOOL.checkout              # what `make clis` builds in a source checkout
-mini_ready, install_mini, pip_install = TOOL.ready, TOOL.install, TOOL.pip_install
 SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 # The read timeout of a model call (mini's own is 60 s, and mini retries a timed-out call: the same turn
 # generated again). The sandbox's time limit is the real bound.

@@ -15,6 +15,7 @@ replies' reasoning_content the SDK echoes (else every turn forks the chain).
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -76,6 +77,7 @@ urllib3==2.8.0 uvicorn==0.55.0 watchfiles==1.3.0 websockets==17.4 wrapt==1.17.3 
 """.split()
 
 
+@functools.cache       # probing the host's interpreters runs each of them: once a process
 def python312() -> Path:
     return find_python(MIN_PYTHON, f"OpenHands ({PACKAGE} {VERSION})")
 
